@@ -1,0 +1,1 @@
+"""VL-BERT pipeline library: importable and testable without Snakemake."""
