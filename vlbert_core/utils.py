@@ -1,0 +1,78 @@
+"""Small helpers shared by every stage: logging to a rule's log file, atomic writes, seeding."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+
+def setup_logging(log_path: str | os.PathLike | None, level: int = logging.INFO) -> logging.Logger:
+    """Send the `vlbert` logger (and warnings) to the rule's log file and to stderr.
+
+    Progress bars (tqdm) write to stderr, which Snakemake shows live; the log file keeps the record.
+    """
+    logger = logging.getLogger("vlbert")
+    logger.setLevel(level)
+    logger.handlers.clear()
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_path:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(log_path, mode="w"))
+    for handler in handlers:
+        handler.setFormatter(fmt)
+        logger.addHandler(handler)
+    logging.captureWarnings(True)
+    return logger
+
+
+def get_logger(name: str) -> logging.Logger:
+    """A child of the `vlbert` logger, e.g. get_logger(__name__)."""
+    return logging.getLogger("vlbert").getChild(name.removeprefix("vlbert_core."))
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to `path`; rename it into place only if the block succeeds.
+
+    A reader never sees a half-written file under the final name: a crash leaves at most a
+    `.tmp-*` file behind, which the next run overwrites.
+    """
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".tmp-{os.getpid()}-{final.name}")
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (if imported) for a deterministic run."""
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    if "torch" in sys.modules:
+        import torch
+
+        torch.manual_seed(seed)
+
+
+def set_threads(threads: int) -> None:
+    """Use exactly the cores Snakemake gave this job (torch would otherwise take them all)."""
+    threads = max(1, int(threads))
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    if "torch" in sys.modules:
+        import torch
+
+        torch.set_num_threads(threads)
+        with contextlib.suppress(RuntimeError):
+            torch.set_num_interop_threads(1)
