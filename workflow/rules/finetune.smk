@@ -1,0 +1,39 @@
+# Fine-tune every pre-trained model on VCR (Q→A, QA→R), VQA v2 and RefCOCO+.
+# Schedule `full` is Tables 1–3; `half` (0.5× epochs) is Table 4.
+
+
+def finetune_train_splits(task):
+    return ["train"]
+
+
+rule finetune:
+    input:
+        pretrained="results/pretrain/{setting}/model.safetensors",
+        rois=lambda wc: task_rois(wc.finetune_task, finetune_train_splits(wc.finetune_task)),
+        annotations=lambda wc: source_files(finetune_dataset(wc.finetune_task), ["train"]),
+    output:
+        model="results/finetune/{finetune_task}/{setting}/{schedule}/model.safetensors",
+        config="results/finetune/{finetune_task}/{setting}/{schedule}/config.json",
+        metrics="results/finetune/{finetune_task}/{setting}/{schedule}/metrics.jsonl",
+    params:
+        task=lambda wc: wc.finetune_task,
+        setting=lambda wc: wc.setting,
+        schedule=lambda wc: wc.schedule,
+        schedule_factor=lambda wc: config["finetune"]["schedules"][wc.schedule],
+        hparams=lambda wc: config["finetune"][wc.finetune_task],
+        tune_frcnn=config["finetune"]["tune_frcnn"],
+        model=config["model"],
+        sources=lambda wc: config["sources"][finetune_dataset(wc.finetune_task)],
+        seed=config["seed"],
+        device=config["device"],
+    log:
+        "logs/finetune/{finetune_task}/{setting}/{schedule}.log",
+    benchmark:
+        "benchmarks/rules/finetune/{finetune_task}/{setting}/{schedule}.tsv"
+    threads: 1
+    resources:
+        mem_mb=8000,
+        runtime=600,
+        gpu=1 if config["device"] == "cuda" else 0,
+    script:
+        "../scripts/finetune.py"

@@ -1,0 +1,30 @@
+# One VL-BERT pre-training per Table 4 setting. Setting `none` is the BERT initialisation itself.
+
+
+rule pretrain:
+    input:
+        cc_shards=pretrain_cc_shards,
+        roi_parquets=pretrain_roi_parquets,
+        text_shards=pretrain_text_shards,
+        detector=rules.train_detector.output.model,
+    output:
+        model="results/pretrain/{setting}/model.safetensors",
+        config="results/pretrain/{setting}/config.json",
+        metrics="results/pretrain/{setting}/metrics.jsonl",
+    params:
+        setting=lambda wc: wc.setting,
+        model=config["model"],
+        pretrain={k: v for k, v in config["pretrain"].items() if k != "settings"},
+        seed=config["seed"],
+        device=config["device"],
+    log:
+        "logs/pretrain/{setting}.log",
+    benchmark:
+        "benchmarks/rules/pretrain/{setting}.tsv"
+    threads: 1
+    resources:
+        mem_mb=8000,
+        runtime=600,
+        gpu=1 if config["device"] == "cuda" else 0,
+    script:
+        "../scripts/pretrain.py"

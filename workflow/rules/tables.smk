@@ -1,0 +1,23 @@
+# The paper's Tables 1–4 with our measured numbers beside the reported ones (CSV + Markdown twin).
+
+
+rule tables:
+    input:
+        table1=table1_evals(),
+        table2=table2_evals(),
+        table3=table3_evals(),
+        table4=table4_evals(),
+    output:
+        TABLES,
+    params:
+        dataset=config["dataset"],
+        settings=config["pretrain"]["settings"],
+        model=config["model"],
+    log:
+        "logs/tables.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
+    script:
+        "../scripts/tables.py"
