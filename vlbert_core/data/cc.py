@@ -1,0 +1,144 @@
+"""One Conceptual Captions shard: TSV block -> download -> resize -> webdataset tar + accounting."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+from typing import Any, Mapping, NamedTuple
+
+from tqdm import tqdm
+
+from vlbert_core.data import status as st
+from vlbert_core.data.downloader import Downloader
+from vlbert_core.data.logger import ShardAccounting, write_stats
+from vlbert_core.data.pool import imap_ordered
+from vlbert_core.data.reader import CCRow, count_rows, iter_cc_tsv, shard_bounds
+from vlbert_core.data.resizer import ImageRejected, ResizedImage, resize_image
+from vlbert_core.data.writer import ShardWriter, cc_key, encode_json
+from vlbert_core.utils import get_logger
+
+log = get_logger(__name__)
+
+RESIZE_REQUIRED = ("max_side", "mode")
+RESIZE_OPTIONAL = ("max_pixels", "quality")
+DOWNLOAD_REQUIRED = ("timeout_s", "retries", "threads", "max_bytes")
+DOWNLOAD_OPTIONAL = ("backoff_s", "max_backoff_s", "max_redirects", "deadline_s", "user_agent")
+_MAX_LOGGED_FAILURES = 10  # per shard at WARNING; the parquet has them all
+
+
+class _RowOutcome(NamedTuple):
+    row: CCRow
+    status: str
+    error: str
+    image: ResizedImage | None
+
+
+def _checked_options(options: Mapping[str, Any], required: tuple, optional: tuple, what: str) -> dict[str, Any]:
+    missing = [name for name in required if name not in options]
+    unknown = [name for name in options if name not in required + optional]
+    if missing or unknown:
+        raise ValueError(
+            f"config cc.{what}: missing keys {missing}, unknown keys {unknown}; "
+            f"expected {list(required)} and optionally {list(optional)}"
+        )
+    return dict(options)
+
+
+def make_downloader(download: Mapping[str, Any]) -> Downloader:
+    """A Downloader from the config's cc.download mapping (unknown keys are an error)."""
+    return Downloader(**_checked_options(download, DOWNLOAD_REQUIRED, DOWNLOAD_OPTIONAL, "download"))
+
+
+def download_cc_shard(
+    tsv: str | os.PathLike,
+    shard: int,
+    num_shards: int,
+    split: str,
+    resize: Mapping[str, Any],
+    download: Mapping[str, Any],
+    out_tar: str | os.PathLike,
+    out_parquet: str | os.PathLike,
+    out_stats: str | os.PathLike,
+) -> dict[str, Any]:
+    """Download, resize and shard TSV rows [shard*n//S, (shard+1)*n//S) of `tsv`; return the stats.
+
+    Writes `out_tar` (samples KEY.jpg / KEY.txt / KEY.json, KEY = f"{split}-{row:09d}", in row
+    order), `out_parquet` (one row per TSV row of the block: row, key, url, caption, status,
+    error) and `out_stats` (counts per status, rows_in, ok, failed). Raises when a non-empty
+    block yields no image at all, which means a broken source or network rather than dead links.
+    """
+    if not re.fullmatch(r"[A-Za-z0-9_]+", split):
+        raise ValueError(f"split name {split!r} must be letters, digits or '_' (it becomes part of sample keys)")
+    resize_options = _checked_options(resize, RESIZE_REQUIRED, RESIZE_OPTIONAL, "resize")
+    downloader = make_downloader(download)
+
+    num_rows = count_rows(tsv)
+    row_start, row_stop = shard_bounds(num_rows, shard, num_shards)
+    rows_in = row_stop - row_start
+    log.info(
+        "%s: shard %d/%d of split %s takes rows [%d, %d) of %d; %d download threads",
+        tsv, shard, num_shards, split, row_start, row_stop, num_rows, downloader.threads,
+    )
+    if rows_in == 0:
+        log.warning("%s: shard %d of %d has no rows (the TSV has only %d)", tsv, shard, num_shards, num_rows)
+
+    def process(row: CCRow) -> _RowOutcome:
+        if not row.ok:
+            return _RowOutcome(row, st.MALFORMED_ROW, row.error or "malformed row", None)
+        fetched = downloader.fetch(row.url)
+        if fetched.status != st.OK:
+            return _RowOutcome(row, fetched.status, fetched.error, None)
+        try:
+            image = resize_image(fetched.data, **resize_options)
+        except ImageRejected as err:
+            return _RowOutcome(row, err.status, str(err), None)
+        return _RowOutcome(row, st.OK, "", image)
+
+    accounting = ShardAccounting(row_start, row_stop)
+    failures_logged = 0
+    started = time.monotonic()
+    with ShardWriter(out_tar) as writer, tqdm(
+        total=rows_in, desc=f"{split}-{shard:05d}", unit="row", mininterval=2.0
+    ) as progress:
+        for outcome in imap_ordered(process, iter_cc_tsv(tsv, row_start, row_stop), downloader.threads):
+            row = outcome.row
+            key = cc_key(split, row.row)
+            if outcome.image is not None:
+                image = outcome.image
+                meta = {
+                    "url": row.url,
+                    "row": row.row,
+                    "width": image.width,
+                    "height": image.height,
+                    "original_width": image.original_width,
+                    "original_height": image.original_height,
+                    "sha256": hashlib.sha256(image.jpeg).hexdigest(),
+                }
+                writer.write(key, {"jpg": image.jpeg, "txt": row.caption, "json": encode_json(meta)})
+            else:
+                failures_logged += 1
+                level = log.warning if failures_logged <= _MAX_LOGGED_FAILURES else log.debug
+                level("row %d (%s): %s: %s", row.row, row.url[:200], outcome.status, outcome.error)
+            accounting.add(row.row, key, row.url, row.caption, outcome.status, outcome.error)
+            progress.update(1)
+            if progress.n % 256 == 0:
+                progress.set_postfix(ok=writer.count, failed=progress.n - writer.count, refresh=False)
+        stats = accounting.stats(split=split, shard=shard, num_shards=num_shards, tsv=str(tsv))
+        if rows_in > 0 and stats["ok"] == 0:
+            failing = {name: count for name, count in stats["counts"].items() if count}
+            raise RuntimeError(
+                f"{tsv}: shard {shard} (rows [{row_start}, {row_stop})) produced no image at all: {failing}. "
+                "Check that the URLs are reachable from this machine."
+            )
+
+    accounting.write_parquet(out_parquet)
+    write_stats(stats, out_stats)
+    elapsed = time.monotonic() - started
+    log.info(
+        "%s: %d rows in, %d ok, %d failed in %.1fs; by status: %s",
+        out_tar, stats["rows_in"], stats["ok"], stats["failed"], elapsed,
+        {name: count for name, count in stats["counts"].items() if count},
+    )
+    return stats

@@ -1,0 +1,24 @@
+"""Snakemake entry point: download, resize and shard one block of a Conceptual Captions TSV."""
+
+from vlbert_core.data import download_cc_shard
+from vlbert_core.utils import set_threads, setup_logging
+
+
+def main(smk) -> None:
+    setup_logging(smk.log[0])
+    set_threads(smk.threads)
+    download_cc_shard(
+        tsv=smk.input.tsv,
+        shard=int(smk.params.shard),
+        num_shards=int(smk.params.num_shards),
+        split=smk.params.split,
+        resize=dict(smk.params.resize),
+        download=dict(smk.params.download),
+        out_tar=smk.output.tar,
+        out_parquet=smk.output.parquet,
+        out_stats=smk.output.stats,
+    )
+
+
+if __name__ == "__main__":  # under Snakemake's script: directive `snakemake` is a global
+    main(snakemake)  # noqa: F821

@@ -1,0 +1,22 @@
+"""Rule `world`: generate the synthetic world (images + raw datasets in official formats)."""
+
+from pathlib import Path
+
+from vlbert_core.utils import set_threads, setup_logging
+from vlbert_core.world import generate_world
+
+
+def main(smk) -> None:
+    setup_logging(smk.log[0])
+    set_threads(smk.threads)
+    generate_world(
+        cfg=dict(smk.params.world),
+        sources=dict(smk.params.sources),
+        out_root=Path.cwd(),
+        seed=int(smk.params.seed),
+        summary_path=Path(smk.output.summary),
+    )
+
+
+if __name__ == "__main__":  # under Snakemake's script: directive `snakemake` is a global
+    main(snakemake)  # noqa: F821
