@@ -1,0 +1,127 @@
+"""Batches of VL-BERT inputs: padded sequences, padded images and padded boxes."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .inputs import IMG, InputSequence
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass
+class VLBertBatch:
+    """B samples, L sequence length, R boxes (padded). Box 0 of every image sample is the whole image."""
+
+    input_ids: torch.Tensor          # Long [B, L]
+    element_kind: torch.Tensor       # Long [B, L]
+    segment_ids: torch.Tensor        # Long [B, L]
+    position_ids: torch.Tensor       # Long [B, L]
+    roi_index: torch.Tensor          # Long [B, L]
+    attention_mask: torch.Tensor     # Bool [B, L], True on real elements
+    images: torch.Tensor | None      # Float [B, 3, H, W], normalised, zero-padded to the batch's max H, W
+    boxes: torch.Tensor | None       # Float [B, R, 4], pixel x1,y1,x2,y2 in the (resized) image
+    box_valid: torch.Tensor | None   # Bool [B, R]
+    roi_masked: torch.Tensor | None  # Bool [B, R]
+    has_image: torch.Tensor          # Bool [B]
+
+    def to(self, device) -> "VLBertBatch":
+        moved = {f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device))
+                 for f in dataclasses.fields(self)}
+        return VLBertBatch(**moved)
+
+    @property
+    def batch_size(self) -> int:
+        return self.input_ids.shape[0]
+
+
+def image_to_tensor(img: Image.Image) -> torch.Tensor:
+    """RGB image -> Float [3, H, W] normalised with the ImageNet mean/std (as the detector saw it)."""
+    array = np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0
+    tensor = torch.from_numpy(array).permute(2, 0, 1).contiguous()
+    mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
+    return (tensor - mean) / std
+
+
+def _pad_2d(rows: list[list[int]], pad_value: int) -> torch.Tensor:
+    length = max(len(r) for r in rows)
+    out = torch.full((len(rows), length), pad_value, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+    return out
+
+
+def collate_samples(samples: list[dict]) -> VLBertBatch:
+    """Pad a list of samples into a VLBertBatch.
+
+    Each sample: "sequence" (InputSequence) and, for image samples, "image" (Float [3, H, W]) and
+    "boxes" (Float [R_i, 4], box 0 = whole image), optionally "roi_masked" (Bool [R_i]). Extra keys are
+    ignored (task and pre-training collates gather their own labels).
+    """
+    if not samples:
+        raise ValueError("collate_samples: empty sample list")
+    sequences: list[InputSequence] = []
+    for i, sample in enumerate(samples):
+        seq = sample.get("sequence")
+        if not isinstance(seq, InputSequence):
+            raise ValueError(f"collate_samples: sample {i} has no InputSequence under 'sequence'")
+        n = len(seq.input_ids)
+        if not (len(seq.element_kind) == len(seq.segment_ids) == len(seq.position_ids) == len(seq.roi_index) == n):
+            raise ValueError(f"collate_samples: sample {i}: sequence fields have different lengths")
+        sequences.append(seq)
+        has_img_elements = IMG in seq.element_kind
+        has_image = sample.get("image") is not None
+        if has_img_elements != has_image:
+            raise ValueError(f"collate_samples: sample {i} has {'[IMG] elements' if has_img_elements else 'no [IMG] elements'} "
+                             f"but {'an image' if has_image else 'no image'}")
+        if has_image:
+            boxes = sample.get("boxes")
+            if boxes is None or boxes.ndim != 2 or boxes.shape[1] != 4:
+                raise ValueError(f"collate_samples: image sample {i} needs 'boxes' of shape [R, 4]")
+            needed = max(r for r, k in zip(seq.roi_index, seq.element_kind) if k == IMG) + 1
+            if boxes.shape[0] < needed:
+                raise ValueError(f"collate_samples: sample {i} refers to box {needed - 1} but has {boxes.shape[0]} boxes")
+            masked = sample.get("roi_masked")
+            if masked is not None and masked.shape != (boxes.shape[0],):
+                raise ValueError(f"collate_samples: sample {i}: roi_masked shape {tuple(masked.shape)} != ({boxes.shape[0]},)")
+
+    lengths = torch.tensor([len(s.input_ids) for s in sequences])
+    input_ids = _pad_2d([s.input_ids for s in sequences], 0)
+    attention_mask = torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]
+    has_image = torch.tensor([s.get("image") is not None for s in samples], dtype=torch.bool)
+
+    images = boxes = box_valid = roi_masked = None
+    if bool(has_image.any()):
+        image_samples = [s for s in samples if s.get("image") is not None]
+        max_h = max(s["image"].shape[1] for s in image_samples)
+        max_w = max(s["image"].shape[2] for s in image_samples)
+        max_r = max(s["boxes"].shape[0] for s in image_samples)
+        images = torch.zeros(len(samples), 3, max_h, max_w)
+        boxes = torch.zeros(len(samples), max_r, 4)
+        box_valid = torch.zeros(len(samples), max_r, dtype=torch.bool)
+        roi_masked = torch.zeros(len(samples), max_r, dtype=torch.bool)
+        for i, sample in enumerate(samples):
+            if sample.get("image") is None:
+                continue
+            img, bx = sample["image"], sample["boxes"]
+            images[i, :, : img.shape[1], : img.shape[2]] = img
+            boxes[i, : bx.shape[0]] = torch.as_tensor(bx, dtype=torch.float32)
+            box_valid[i, : bx.shape[0]] = True
+            if sample.get("roi_masked") is not None:
+                roi_masked[i, : bx.shape[0]] = torch.as_tensor(sample["roi_masked"], dtype=torch.bool)
+    return VLBertBatch(
+        input_ids=input_ids,
+        element_kind=_pad_2d([s.element_kind for s in sequences], 0),
+        segment_ids=_pad_2d([s.segment_ids for s in sequences], 0),
+        position_ids=_pad_2d([s.position_ids for s in sequences], 0),
+        roi_index=_pad_2d([s.roi_index for s in sequences], 0),
+        attention_mask=attention_mask,
+        images=images, boxes=boxes, box_valid=box_valid, roi_masked=roi_masked, has_image=has_image,
+    )

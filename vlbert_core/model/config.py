@@ -1,0 +1,96 @@
+"""The VL-BERT configuration: the BERT part read from the initialising checkpoint, plus the visual part."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+# Segments: sentence A = 0, sentence B = 1, visual elements and [END] = 2.
+NUM_SEGMENTS = 3
+
+_BERT_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+              "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
+              "layer_norm_eps")
+
+
+@dataclass
+class VLBertConfig:
+    # BERT part (read from the checkpoint's config.json, then num_hidden_layers possibly reduced)
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    hidden_act: str
+    hidden_dropout_prob: float
+    attention_probs_dropout_prob: float
+    max_position_embeddings: int
+    layer_norm_eps: float
+    # visual part
+    visual_backbone: dict = field(default_factory=dict)  # the detector's `backbone` config
+    appearance_dim: int = 128        # RoI head output size (128 small, 2048 ResNet-50/101)
+    geometry_dim: int = 2048         # sin/cos geometry embedding size (paper: 2048)
+    num_object_classes: int = 1      # detector classes incl. background (soft RoI labels)
+    roi_align_size: int = 14
+    tune_frcnn: bool = False         # train stages 3-5 of the visual network
+    frozen_stages: int = 2
+    freeze_bn: bool = True
+    bert_path: str = ""              # spec the weights/vocab came from
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"VLBertConfig: hidden_size {self.hidden_size} is not a multiple of "
+                             f"num_attention_heads {self.num_attention_heads}")
+        if self.num_hidden_layers < 1:
+            raise ValueError(f"VLBertConfig: num_hidden_layers must be >= 1, got {self.num_hidden_layers}")
+        if self.geometry_dim % 8:
+            # 4 coordinates x (sin, cos) x geometry_dim/8 wavelengths
+            raise ValueError(f"VLBertConfig: geometry_dim must be a multiple of 8, got {self.geometry_dim}")
+        if self.num_object_classes < 1 or self.appearance_dim < 1:
+            raise ValueError(f"VLBertConfig: num_object_classes ({self.num_object_classes}) and appearance_dim "
+                             f"({self.appearance_dim}) must be >= 1")
+        if not 0 <= self.frozen_stages <= 5:
+            raise ValueError(f"VLBertConfig: frozen_stages must be in 0..5, got {self.frozen_stages}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "VLBertConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"VLBertConfig.from_dict: unknown keys {unknown}")
+        missing = [k for k in _BERT_KEYS if k not in d]
+        if missing:
+            raise ValueError(f"VLBertConfig.from_dict: missing keys {missing}")
+        return cls(**dict(d))
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+def bert_fields_from_hf_config(hf_config: Mapping[str, Any], num_hidden_layers: int | None = None) -> dict:
+    """The BERT part of VLBertConfig from a transformers BERT config.json dict.
+
+    `num_hidden_layers` keeps only the first k layers of the checkpoint (a config choice of the embedded
+    world); it may not exceed the checkpoint's depth.
+    """
+    missing = [k for k in _BERT_KEYS if k not in hf_config]
+    if missing:
+        raise ValueError(f"BERT config lacks keys {missing}")
+    if hf_config.get("position_embedding_type", "absolute") != "absolute":
+        raise ValueError(f"BERT config: only absolute position embeddings are supported, got "
+                         f"{hf_config['position_embedding_type']!r}")
+    fields = {k: hf_config[k] for k in _BERT_KEYS}
+    if num_hidden_layers is not None:
+        if not 1 <= num_hidden_layers <= hf_config["num_hidden_layers"]:
+            raise ValueError(f"model.num_hidden_layers={num_hidden_layers}: the BERT checkpoint has "
+                             f"{hf_config['num_hidden_layers']} layers")
+        fields["num_hidden_layers"] = int(num_hidden_layers)
+    return fields

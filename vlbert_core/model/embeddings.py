@@ -1,0 +1,105 @@
+"""Input embeddings: token + segment + position + visual feature, as in VL-BERT."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import NUM_SEGMENTS, VLBertConfig
+from .inputs import END, IMG
+
+# Released config: Dropout(0.1) on [geometry || appearance] before the visual FC.
+VISUAL_FEATURE_DROPOUT = 0.1
+# Relation Networks' sin/cos box embedding: wavelengths wave_length^(i / (dim/8)), coordinates x100.
+GEOMETRY_WAVE_LENGTH = 1000.0
+GEOMETRY_COORD_SCALE = 100.0
+
+
+def geometry_embedding(normalised_boxes: torch.Tensor, dim: int, wave_length: float = GEOMETRY_WAVE_LENGTH) -> torch.Tensor:
+    """Sin/cos embedding of boxes [..., 4] in [0, 1] -> [..., dim].
+
+    Each of the 4 coordinates gets dim/8 wavelengths 1000^(i/(dim/8)) (1000^(i/256) at dim 2048, as
+    released) and a sin and a cos at each. The paper embeds the corners (x1/W, y1/H, x2/W, y2/H), which
+    is what callers pass here; the released code embeds (centre, size) instead.
+    """
+    num_freqs = dim // 8
+    exponents = torch.arange(num_freqs, device=normalised_boxes.device, dtype=torch.float32) / num_freqs
+    wavelengths = torch.pow(torch.tensor(wave_length, device=normalised_boxes.device), exponents)
+    angles = normalised_boxes.float()[..., None] * GEOMETRY_COORD_SCALE / wavelengths      # [..., 4, n]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1).flatten(-2)                       # [..., 8n]
+
+
+class VisualFeatureEmbedding(nn.Module):
+    """[geometry || appearance] -> Dropout 0.1 -> Linear -> ReLU, one vector per box."""
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        self.geometry_dim = config.geometry_dim
+        self.dropout = nn.Dropout(VISUAL_FEATURE_DROPOUT)
+        self.linear = nn.Linear(config.geometry_dim + config.appearance_dim, config.hidden_size)
+        self.activation = nn.ReLU()
+
+    def forward(self, boxes: torch.Tensor, appearance: torch.Tensor) -> torch.Tensor:
+        """boxes [B, R, 4] pixel x1,y1,x2,y2 with box 0 = the whole image; appearance [B, R, D]."""
+        # Box 0 is [0, 0, W, H], so it carries each image's size; clamp keeps padded samples finite.
+        size = boxes[:, :1, 2:4].clamp(min=1.0)                                                # [B, 1, 2]
+        normalised = boxes / size.repeat(1, 1, 2)
+        geometry = geometry_embedding(normalised, self.geometry_dim).to(appearance.dtype)
+        return self.activation(self.linear(self.dropout(torch.cat([geometry, appearance], dim=-1))))
+
+
+class VLBertEmbeddings(nn.Module):
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        hidden = config.hidden_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, hidden)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, hidden)
+        self.segment_embeddings = nn.Embedding(NUM_SEGMENTS, hidden)
+        self.layer_norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        # Learned token embeddings of the visual elements.
+        self.img_token = nn.Parameter(torch.zeros(hidden))
+        self.masked_roi_token = nn.Parameter(torch.zeros(hidden))
+        self.end_token = nn.Parameter(torch.zeros(hidden))
+        # The visual term of a text-only sample; zero at start so such a sample is exactly BERT's input.
+        self.text_only_visual = nn.Parameter(torch.zeros(hidden))
+        self.visual_feature = VisualFeatureEmbedding(config)
+        # As released: the visual term enters through a LayerNorm whose weight starts at 0 (one for the
+        # words/[END], which see box 0, and one for the [IMG] elements), so training starts from BERT.
+        self.visual_norm_text = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
+        self.visual_norm_object = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
+
+    def reset_special_parameters(self, std: float) -> None:
+        for p in (self.img_token, self.masked_roi_token, self.end_token):
+            nn.init.normal_(p, std=std)
+        nn.init.zeros_(self.text_only_visual)
+        for norm in (self.visual_norm_text, self.visual_norm_object):
+            nn.init.zeros_(norm.weight)
+            nn.init.zeros_(norm.bias)
+
+    def forward(self, input_ids: torch.Tensor, element_kind: torch.Tensor, segment_ids: torch.Tensor,
+                position_ids: torch.Tensor, roi_index: torch.Tensor, has_image: torch.Tensor,
+                boxes: torch.Tensor | None, roi_features: torch.Tensor | None,
+                roi_masked: torch.Tensor | None) -> torch.Tensor:
+        is_img = (element_kind == IMG)[..., None]
+        is_end = (element_kind == END)[..., None]
+        token = self.word_embeddings(input_ids)
+        if roi_masked is not None:
+            element_masked = torch.gather(roi_masked, 1, roi_index)[..., None] & is_img
+            img_token = torch.where(element_masked, self.masked_roi_token, self.img_token)
+        else:
+            img_token = self.img_token.expand_as(token)
+        token = torch.where(is_img, img_token, token)
+        token = torch.where(is_end, self.end_token, token)
+
+        visual = self.text_only_visual.expand_as(token)
+        if roi_features is not None:
+            per_box = self.visual_feature(boxes, roi_features)                                 # [B, R, H]
+            index = roi_index[..., None].expand(-1, -1, per_box.shape[-1])
+            per_element = torch.gather(per_box, 1, index)       # words and [END] take box 0 (whole image)
+            image_visual = torch.where(is_img, self.visual_norm_object(per_element),
+                                       self.visual_norm_text(per_element))
+            visual = torch.where(has_image[:, None, None], image_visual, visual)
+
+        embeddings = token + visual + self.position_embeddings(position_ids) + self.segment_embeddings(segment_ids)
+        return self.dropout(self.layer_norm(embeddings))

@@ -1,0 +1,94 @@
+"""The BERT encoder, ported with attention through torch's scaled_dot_product_attention."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import VLBertConfig
+
+
+def activation_fn(name: str):
+    if name == "gelu":
+        return F.gelu  # BERT's exact erf GELU
+    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu":
+        return F.relu
+    if name in ("silu", "swish"):
+        return F.silu
+    raise ValueError(f"unsupported hidden_act {name!r}")
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        hidden = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.query = nn.Linear(hidden, hidden)
+        self.key = nn.Linear(hidden, hidden)
+        self.value = nn.Linear(hidden, hidden)
+        self.output = nn.Linear(hidden, hidden)
+        self.attention_dropout = config.attention_probs_dropout_prob
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, hidden = x.shape
+        return x.view(batch, length, self.num_heads, hidden // self.num_heads).transpose(1, 2)
+
+    def forward(self, hidden_states: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
+        """attend: Bool [B, 1, 1, L], True where a key may be attended to."""
+        q, k, v = (self._split_heads(proj(hidden_states)) for proj in (self.query, self.key, self.value))
+        context = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attend, dropout_p=self.attention_dropout if self.training else 0.0,
+            scale=1.0 / math.sqrt(q.shape[-1]))
+        batch, _, length, _ = context.shape
+        return self.output(context.transpose(1, 2).reshape(batch, length, -1))
+
+
+class EncoderLayer(nn.Module):
+    """Post-LayerNorm BERT layer: x + Attn -> LN -> x + FFN -> LN."""
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        self.attention = SelfAttention(config)
+        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.intermediate = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.output = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.output_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.act = activation_fn(config.hidden_act)
+
+    def forward(self, x: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
+        x = self.attention_norm(x + self.dropout(self.attention(x, attend)))
+        return self.output_norm(x + self.dropout(self.output(self.act(self.intermediate(x)))))
+
+
+class VLBertEncoder(nn.Module):
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        attend = attention_mask[:, None, None, :].to(torch.bool)
+        for layer in self.layers:
+            x = layer(x, attend)
+        return x
+
+
+def bert_encoder_key_map(num_layers: int) -> dict[str, str]:
+    """transformers BertModel state-dict key -> this module's key, for the first num_layers layers."""
+    mapping = {}
+    for i in range(num_layers):
+        src, dst = f"encoder.layer.{i}.", f"encoder.layers.{i}."
+        for suffix in ("weight", "bias"):
+            for name in ("query", "key", "value"):
+                mapping[f"{src}attention.self.{name}.{suffix}"] = f"{dst}attention.{name}.{suffix}"
+            mapping[f"{src}attention.output.dense.{suffix}"] = f"{dst}attention.output.{suffix}"
+            mapping[f"{src}attention.output.LayerNorm.{suffix}"] = f"{dst}attention_norm.{suffix}"
+            mapping[f"{src}intermediate.dense.{suffix}"] = f"{dst}intermediate.{suffix}"
+            mapping[f"{src}output.dense.{suffix}"] = f"{dst}output.{suffix}"
+            mapping[f"{src}output.LayerNorm.{suffix}"] = f"{dst}output_norm.{suffix}"
+    return mapping

@@ -1,0 +1,108 @@
+"""Pre-training heads: MLM (tied to the word embeddings), masked RoI classification, sentence-image relation."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .bert_init import load_bert_mlm_head_state, load_bert_state_dict
+from .config import VLBertConfig
+from .encoder import activation_fn
+from .vlbert import INIT_STD, init_new_parameters
+
+
+class PredictionTransform(nn.Module):
+    """BERT's head transform: dense -> activation -> LayerNorm."""
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation_fn(config.hidden_act)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer_norm(self.act(self.dense(x)))
+
+
+class MLMHead(nn.Module):
+    """Vocabulary logits; the decoder matrix is the (shared) word-embedding matrix plus its own bias."""
+
+    def __init__(self, config: VLBertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.transform = PredictionTransform(config)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        # Kept out of this module's parameters (a plain attribute) so the tied matrix is owned once,
+        # by the model's embeddings.
+        self.__dict__["_word_embeddings"] = word_embeddings
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.transform(hidden) @ self._word_embeddings.weight.t() + self.bias
+
+    def load_bert_state(self, state: dict[str, torch.Tensor]) -> None:
+        """BERT's cls.predictions.* weights with that prefix stripped."""
+        mapping = {"transform.dense.weight": "transform.dense.weight", "transform.dense.bias": "transform.dense.bias",
+                   "transform.LayerNorm.weight": "transform.layer_norm.weight",
+                   "transform.LayerNorm.bias": "transform.layer_norm.bias", "bias": "bias"}
+        own = self.state_dict()
+        with torch.no_grad():
+            for src, dst in mapping.items():
+                if src in state:
+                    if state[src].shape != own[dst].shape:
+                        raise ValueError(f"BERT MLM head weight {src} has shape {tuple(state[src].shape)}, "
+                                         f"expected {tuple(own[dst].shape)}")
+                    own[dst].copy_(state[src])
+
+
+class MaskedRoIClassificationHead(nn.Module):
+    """Class logits (detector classes incl. background) from the [IMG] outputs."""
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        self.transform = PredictionTransform(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_object_classes)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.transform(hidden))
+
+
+class RelationshipHead(nn.Module):
+    """Matched / mismatched caption-image logits from [CLS] through BERT's pooler (dense + tanh)."""
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+        self.classifier = nn.Linear(config.hidden_size, 2)
+
+    def forward(self, cls_hidden: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.tanh(self.pooler(cls_hidden)))
+
+    def load_bert_pooler(self, bert_state: dict[str, torch.Tensor]) -> bool:
+        if "pooler.dense.weight" not in bert_state:
+            return False
+        with torch.no_grad():
+            self.pooler.weight.copy_(bert_state["pooler.dense.weight"])
+            self.pooler.bias.copy_(bert_state["pooler.dense.bias"])
+        return True
+
+
+class PretrainingHeads(nn.Module):
+    """The heads of the active pre-training tasks (only those, so DDP sees no unused parameters)."""
+
+    def __init__(self, config: VLBertConfig, word_embeddings: nn.Embedding, *, masked_roi_cls: bool,
+                 relationship: bool):
+        super().__init__()
+        self.mlm = MLMHead(config, word_embeddings)
+        self.roi_cls = MaskedRoIClassificationHead(config) if masked_roi_cls else None
+        self.relationship = RelationshipHead(config) if relationship else None
+        init_new_parameters(self, INIT_STD)
+
+    def load_from_bert(self, spec: str) -> dict[str, bool]:
+        """BERT's cls.predictions (if the checkpoint has them) and pooler weights; returns what was loaded."""
+        loaded = {"mlm": False, "pooler": False}
+        mlm_state = load_bert_mlm_head_state(spec)
+        if mlm_state:
+            self.mlm.load_bert_state(mlm_state)
+            loaded["mlm"] = True
+        if self.relationship is not None:
+            loaded["pooler"] = self.relationship.load_bert_pooler(load_bert_state_dict(spec))
+        return loaded

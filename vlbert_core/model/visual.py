@@ -1,0 +1,116 @@
+"""The Fast R-CNN visual network: ResNet-C4 body on the whole image, RoIAlign 14x14, stage-5 head per RoI."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+from torchvision.ops import roi_align
+
+from vlbert_core.detector.resnet_c4 import build_resnet_c4, visual_state_dict
+
+from .config import VLBertConfig
+
+FEATURE_STRIDE = 16
+ROI_SAMPLING_RATIO = 2
+# The detector that initialises this network pools with torchvision's MultiScaleRoIAlign, which uses
+# the legacy aligned=False convention (as did the released VL-BERT's maskrcnn-benchmark ROIAlign);
+# pooling the same way keeps its stage-5 head seeing the features it was trained on.
+ROI_ALIGNED = False
+
+# Detectron-style stage numbering of the C4 body: stage 1 = stem, stages 2-4 = layer1-3, stage 5 = head.
+_STAGE_MODULES = {1: ("body.conv1", "body.bn1"), 2: ("body.layer1",), 3: ("body.layer2",), 4: ("body.layer3",),
+                  5: ("head.layer4",)}
+
+
+def mask_roi_pixels(images: torch.Tensor, boxes: torch.Tensor, roi_masked: torch.Tensor) -> torch.Tensor:
+    """Zero every pixel that overlaps a masked box, so no later feature can see inside it.
+
+    Zero is taken in the normalised image (the ImageNet mean colour), as the released code does.
+    images [B, 3, H, W], boxes [B, R, 4] pixel x1,y1,x2,y2, roi_masked Bool [B, R]. Returns a new tensor.
+    """
+    _, _, height, width = images.shape
+    # Pixel column x covers [x, x+1): it overlaps [x1, x2) iff floor(x1) <= x < ceil(x2).
+    x1 = boxes[..., 0].floor()[..., None]
+    x2 = boxes[..., 2].ceil()[..., None]
+    y1 = boxes[..., 1].floor()[..., None]
+    y2 = boxes[..., 3].ceil()[..., None]
+    xs = torch.arange(width, device=images.device, dtype=boxes.dtype)
+    ys = torch.arange(height, device=images.device, dtype=boxes.dtype)
+    inside_x = ((xs >= x1) & (xs < x2)).to(images.dtype)                                  # [B, R, W]
+    inside_y = ((ys >= y1) & (ys < y2) & roi_masked[..., None]).to(images.dtype)          # [B, R, H]
+    covered = torch.bmm(inside_y.transpose(1, 2), inside_x) > 0                            # [B, H, W]
+    return images.masked_fill(covered[:, None], 0.0)
+
+
+class FastRCNNVisualNetwork(nn.Module):
+    """Appearance features of the boxes of each image, [B, R, appearance_dim]."""
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        body, head, _, head_out = build_resnet_c4(config.visual_backbone)
+        if head_out != config.appearance_dim:
+            raise ValueError(f"VLBertConfig.appearance_dim={config.appearance_dim} but the visual backbone "
+                             f"{config.visual_backbone} gives {head_out}-d RoI features")
+        self.body = body
+        self.head = head
+        self.roi_align_size = config.roi_align_size
+        self.tune = config.tune_frcnn
+        self.freeze_bn = config.freeze_bn
+        self.frozen_stages = config.frozen_stages
+        self._freeze_parameters()
+
+    def _freeze_parameters(self) -> None:
+        if not self.tune:
+            for p in self.parameters():
+                p.requires_grad_(False)
+            return
+        for stage in range(1, self.frozen_stages + 1):
+            for name in _STAGE_MODULES[stage]:
+                for p in self.get_submodule(name).parameters():
+                    p.requires_grad_(False)
+        if self.freeze_bn:
+            for m in self.modules():
+                if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                    for p in m.parameters():
+                        p.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> "FastRCNNVisualNetwork":
+        # A frozen network (and frozen BatchNorm) keeps its detector statistics in every phase.
+        super().train(mode)
+        if not self.tune:
+            super().train(False)
+        elif self.freeze_bn:
+            for m in self.modules():
+                if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                    m.eval()
+        return self
+
+    def load_detector_weights(self, detector_state_dict: dict) -> None:
+        parts = visual_state_dict(detector_state_dict)
+        for name, module in (("body", self.body), ("head", self.head)):
+            missing, unexpected = module.load_state_dict(parts[name], strict=False)
+            if missing or unexpected:
+                raise ValueError(f"detector state dict does not fit the visual network's {name}: missing "
+                                 f"{sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}")
+
+    def forward(self, images: torch.Tensor, boxes: torch.Tensor, box_valid: torch.Tensor,
+                roi_masked: torch.Tensor | None = None) -> torch.Tensor:
+        if roi_masked is not None and bool(roi_masked.any()):
+            if bool(roi_masked[:, 0].any()):
+                raise ValueError("FastRCNNVisualNetwork: box 0 (the whole image) must never be masked")
+            images = mask_roi_pixels(images, boxes, roi_masked & box_valid)
+        batch, num_boxes = box_valid.shape
+        grad_context = contextlib.nullcontext() if self.tune else torch.no_grad()
+        with grad_context:
+            feature_map = self.body(images)
+            sample_idx, box_idx = box_valid.nonzero(as_tuple=True)
+            rois = torch.cat([sample_idx[:, None].to(boxes.dtype), boxes[sample_idx, box_idx]], dim=1)
+            pooled = roi_align(feature_map, rois.to(feature_map.dtype), output_size=self.roi_align_size,
+                               spatial_scale=1.0 / FEATURE_STRIDE, sampling_ratio=ROI_SAMPLING_RATIO,
+                               aligned=ROI_ALIGNED)
+            features = self.head(pooled)
+        out = features.new_zeros(batch, num_boxes, features.shape[-1])
+        out[sample_idx, box_idx] = features
+        return out

@@ -1,0 +1,157 @@
+"""VLBertModel: embeddings (with the visual feature term), the Fast R-CNN visual network and the encoder."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vlbert_core.utils import atomic_path, get_logger
+
+from .batch import VLBertBatch
+from .bert_init import load_bert_state_dict, read_bert_config
+from .config import VLBertConfig
+from .embeddings import VLBertEmbeddings
+from .encoder import VLBertEncoder, bert_encoder_key_map
+from .visual import FastRCNNVisualNetwork
+
+log = get_logger(__name__)
+
+INIT_STD = 0.02  # BERT's initializer_range; used for every new parameter
+MODEL_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+_BERT_EMBEDDING_KEYS = {
+    "embeddings.word_embeddings.weight": "embeddings.word_embeddings.weight",
+    "embeddings.position_embeddings.weight": "embeddings.position_embeddings.weight",
+    "embeddings.LayerNorm.weight": "embeddings.layer_norm.weight",
+    "embeddings.LayerNorm.bias": "embeddings.layer_norm.bias",
+}
+
+
+@dataclass
+class VLBertOutput:
+    sequence_output: torch.Tensor              # [B, L, hidden]
+    roi_features: torch.Tensor | None          # [B, R, appearance_dim] (zeros for text-only samples/padding)
+
+
+def init_new_parameters(module: nn.Module, std: float = INIT_STD) -> None:
+    """BERT's scheme for parameters that do not come from a checkpoint."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=std)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
+class VLBertModel(nn.Module):
+    def __init__(self, config: VLBertConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = VLBertEmbeddings(config)
+        self.visual_network = FastRCNNVisualNetwork(config)
+        self.encoder = VLBertEncoder(config)
+        init_new_parameters(self.embeddings)
+        init_new_parameters(self.encoder)
+        self.embeddings.reset_special_parameters(INIT_STD)
+
+    def word_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
+    def forward(self, batch: VLBertBatch) -> VLBertOutput:
+        roi_features = None
+        if batch.images is not None and bool(batch.has_image.any()):
+            if bool(batch.has_image.all()):
+                roi_features = self.visual_network(batch.images, batch.boxes, batch.box_valid, batch.roi_masked)
+            else:
+                # The CNN runs only on the samples that have an image (text-only samples share the batch).
+                idx = batch.has_image.nonzero(as_tuple=True)[0]
+                masked = None if batch.roi_masked is None else batch.roi_masked[idx]
+                features = self.visual_network(batch.images[idx], batch.boxes[idx], batch.box_valid[idx], masked)
+                roi_features = features.new_zeros(batch.batch_size, *features.shape[1:])
+                roi_features = roi_features.index_copy(0, idx, features)
+        embedded = self.embeddings(batch.input_ids, batch.element_kind, batch.segment_ids, batch.position_ids,
+                                   batch.roi_index, batch.has_image, batch.boxes, roi_features, batch.roi_masked)
+        return VLBertOutput(sequence_output=self.encoder(embedded, batch.attention_mask), roi_features=roi_features)
+
+    # ---- initialisation, saving and loading -------------------------------------------------------
+
+    def load_bert_weights(self, bert_state: dict[str, torch.Tensor]) -> None:
+        """Copy BERT's embeddings and first num_hidden_layers layers (transformers BertModel keys)."""
+        mapping = dict(_BERT_EMBEDDING_KEYS)
+        mapping.update(bert_encoder_key_map(self.config.num_hidden_layers))
+        own = self.state_dict()
+        missing = [k for k in mapping if k not in bert_state]
+        if missing:
+            raise ValueError(f"BERT checkpoint {self.config.bert_path!r} lacks {missing[:8]}")
+        with torch.no_grad():
+            for src, dst in mapping.items():
+                if own[dst].shape != bert_state[src].shape:
+                    raise ValueError(f"BERT checkpoint {self.config.bert_path!r}: {src} has shape "
+                                     f"{tuple(bert_state[src].shape)}, the model expects {tuple(own[dst].shape)}")
+                own[dst].copy_(bert_state[src])
+            # Segments A and B come from BERT's token types; segment C (visual) is new.
+            token_types = bert_state.get("embeddings.token_type_embeddings.weight")
+            if token_types is not None:
+                rows = min(token_types.shape[0], 2)
+                self.embeddings.segment_embeddings.weight[:rows].copy_(token_types[:rows])
+
+    @classmethod
+    def from_bert(cls, config: VLBertConfig, detector_state_dict: dict | None) -> "VLBertModel":
+        """BERT weights from config.bert_path, visual network from the detector, new params ~ N(0, 0.02)."""
+        bert_cfg = read_bert_config(config.bert_path)
+        for key in ("vocab_size", "hidden_size", "num_attention_heads", "intermediate_size", "max_position_embeddings"):
+            if bert_cfg[key] != getattr(config, key):
+                raise ValueError(f"VLBertConfig.{key}={getattr(config, key)} but the BERT checkpoint "
+                                 f"{config.bert_path!r} has {bert_cfg[key]}")
+        model = cls(config)
+        model.load_bert_weights(load_bert_state_dict(config.bert_path))
+        if detector_state_dict is not None:
+            model.visual_network.load_detector_weights(detector_state_dict)
+        else:
+            log.warning("VLBertModel.from_bert: no detector weights given; the visual network keeps its random init")
+        log.info("VL-BERT from %s (%d of %d layers), %.1fM parameters (%.1fM trainable)", config.bert_path,
+                 config.num_hidden_layers, bert_cfg["num_hidden_layers"],
+                 sum(p.numel() for p in model.parameters()) / 1e6,
+                 sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6)
+        return model
+
+    def save(self, directory: str | os.PathLike) -> None:
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        with atomic_path(directory / MODEL_FILE) as tmp:
+            save_file(state, str(tmp))
+        with atomic_path(directory / CONFIG_FILE) as tmp:
+            tmp.write_text(json.dumps(self.config.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> "VLBertModel":
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        config_path, weights_path = directory / CONFIG_FILE, directory / MODEL_FILE
+        for path in (config_path, weights_path):
+            if not path.is_file():
+                raise FileNotFoundError(f"VLBertModel.load: {path} does not exist")
+        try:
+            config = VLBertConfig.from_dict(json.loads(config_path.read_text()))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"VLBertModel.load: {config_path}: {exc}") from exc
+        model = cls(config)
+        missing, unexpected = model.load_state_dict(load_file(str(weights_path)), strict=False)
+        if missing or unexpected:
+            raise ValueError(f"VLBertModel.load: {weights_path} does not match {config_path}: missing "
+                             f"{sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}")
+        return model

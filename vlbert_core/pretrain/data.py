@@ -1,0 +1,423 @@
+"""Pre-training data: <Caption, Image> samples from the CC shards joined with their RoIs, <Text, ∅> samples
+from the text shards, masked for the active tasks and mixed 1:1 per mini-batch.
+
+Streams are single-process, deterministic and resumable: each one cycles over epochs (shard order and a
+shuffle buffer seeded by seed/rank/epoch), and its `state()` (epoch, raw samples consumed, plus what a
+replay cannot rebuild) restores it exactly; every sample's masking draws from its own generator seeded by
+its position, so a resumed run sees the very samples a straight run would.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+from collections import Counter
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+import webdataset as wds
+from PIL import Image
+
+from vlbert_core.model import VLBertBatch, build_input_sequence, collate_samples, image_to_tensor
+from vlbert_core.model.inputs import boxes_with_whole_image
+from vlbert_core.utils import get_logger
+
+from .masking import IGNORE_INDEX, MaskingVocab, mask_rois, whole_word_mask
+from .settings import PretrainSetting
+
+log = get_logger(__name__)
+
+SHUFFLE_BUFFER = 1000
+SHUFFLE_INITIAL = 100
+NEGATIVE_CAPTION_POOL = 64   # recent captions that mismatched pairs (setting c) draw from
+MISMATCH_PROB = 0.5
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png")
+_ROI_COLUMNS = ("key", "status", "error", "image_w", "image_h", "num_boxes", "boxes", "class_scores", "num_classes")
+_STREAM_CC, _STREAM_TEXT = 1, 2
+
+
+# ---- RoI parquets -----------------------------------------------------------------------------------
+
+@dataclass
+class RoiEntry:
+    image_w: int
+    image_h: int
+    boxes: np.ndarray          # N x 4 float32, x1,y1,x2,y2 in the frame image_w x image_h, sorted by score
+    class_scores: np.ndarray   # N x C float32 (C includes background)
+
+
+def read_cc_rois(path: str | os.PathLike, keep_boxes: int) -> tuple[dict[str, RoiEntry], dict[str, str], int | None]:
+    """{key: RoiEntry} of the rows with status ok (first keep_boxes boxes), {key: status} of the failed rows,
+    and C (classes incl. background)."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"RoI parquet {path} does not exist")
+    table = pq.read_table(path)
+    missing = [c for c in _ROI_COLUMNS if c not in table.column_names]
+    if missing:
+        raise ValueError(f"RoI parquet {path} lacks columns {missing} (has {table.column_names})")
+    entries: dict[str, RoiEntry] = {}
+    failures: dict[str, str] = {}
+    num_classes: int | None = None
+    for row_index, row in enumerate(table.select(list(_ROI_COLUMNS)).to_pylist()):
+        key = row["key"]
+        if row["status"] != "ok":
+            failures[key] = str(row["status"])
+            continue
+        if key in entries:
+            raise ValueError(f"RoI parquet {path} row {row_index}: duplicate key {key!r}")
+        n, c = int(row["num_boxes"]), int(row["num_classes"])
+        boxes = np.asarray(row["boxes"], dtype=np.float32)
+        scores = np.asarray(row["class_scores"], dtype=np.float32)
+        if n < 1 or boxes.size != 4 * n or scores.size != n * c:
+            raise ValueError(f"RoI parquet {path} row {row_index} (key {key!r}): num_boxes={n}, num_classes={c} "
+                             f"but boxes has {boxes.size} values and class_scores {scores.size}")
+        if num_classes is None:
+            num_classes = c
+        elif c != num_classes:
+            raise ValueError(f"RoI parquet {path} row {row_index} (key {key!r}): num_classes={c}, earlier rows {num_classes}")
+        if int(row["image_w"]) <= 0 or int(row["image_h"]) <= 0:
+            raise ValueError(f"RoI parquet {path} row {row_index} (key {key!r}): bad image size "
+                             f"{row['image_w']}x{row['image_h']}")
+        entries[key] = RoiEntry(int(row["image_w"]), int(row["image_h"]), boxes.reshape(n, 4)[:keep_boxes].copy(),
+                                scores.reshape(n, c)[:keep_boxes].copy())
+    return entries, failures, num_classes
+
+
+def pair_shards_with_rois(cc_shards: list[str], roi_parquets: list[str]) -> list[tuple[str, str]]:
+    """Each CC shard `{split}-{shard}.tar` goes with the RoI parquet of the same name."""
+    by_stem = {Path(p).stem: str(p) for p in roi_parquets}
+    pairs = []
+    for shard in cc_shards:
+        stem = Path(shard).name.removesuffix(".tar")
+        if stem not in by_stem:
+            raise ValueError(f"CC shard {shard} has no RoI parquet named {stem}.parquet among {sorted(by_stem)}")
+        pairs.append((str(shard), by_stem[stem]))
+    return pairs
+
+
+# ---- pieces of a sample -------------------------------------------------------------------------------
+
+def text_chunks(line_ids: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Lines of a document concatenated until >= max_tokens tokens, then cut to max_tokens (the rest of that
+    line is dropped, as released); a shorter tail at the end of the document is kept."""
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    for ids in line_ids:
+        if not ids:
+            continue
+        current.extend(ids)
+        if len(current) >= max_tokens:
+            chunks.append(current[:max_tokens])
+            current = []
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def fit_image(img: Image.Image, max_side: int) -> tuple[Image.Image, float]:
+    """Shrink so the longer side is at most max_side (never enlarge); returns the image and the factor."""
+    w, h = img.size
+    scale = min(1.0, max_side / max(w, h))
+    if scale < 1.0:
+        img = img.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.BILINEAR)
+    return img, scale
+
+
+def sample_rng(seed: int, rank: int, stream: int, epoch: int, index: int, sub: int = 0) -> np.random.Generator:
+    return np.random.default_rng([seed, rank, stream, epoch, index, sub])
+
+
+@dataclass
+class StreamConfig:
+    max_caption_len: int      # whole sequence budget of a caption: tokens + [CLS] + [SEP]
+    max_text_len: int         # whole length of a <Text, ∅> sample incl. [CLS] and [SEP]
+    max_rois: int             # boxes per image incl. the whole-image box
+    image_max_side: int
+    seed: int
+    rank: int = 0
+    world_size: int = 1
+
+
+def _rank_shards(shards: list, rank: int, world_size: int, what: str) -> list:
+    mine = shards[rank::world_size]
+    if not mine:
+        raise ValueError(f"{what}: {len(shards)} shards cannot feed {world_size} ranks (rank {rank} gets none)")
+    return mine
+
+
+def _epoch_pipeline(urls: list[str], seed: int, rank: int, stream: int, epoch: int) -> Iterator[dict]:
+    order = np.random.default_rng([seed, rank, stream, epoch]).permutation(len(urls))
+    return iter(wds.DataPipeline(
+        wds.SimpleShardList([urls[i] for i in order]),
+        wds.tarfile_to_samples(),
+        wds.shuffle(SHUFFLE_BUFFER, SHUFFLE_INITIAL, rng=random.Random(f"{seed}/{rank}/{stream}/{epoch}")),
+    ))
+
+
+# ---- the streams -------------------------------------------------------------------------------------
+
+class CaptionImageStream:
+    """Endless <Caption, Image> samples with their MLM / RoI / relationship targets."""
+
+    def __init__(self, shard_pairs: list[tuple[str, str]], tokenizer, vocab: MaskingVocab, cfg: StreamConfig,
+                 setting: PretrainSetting, num_object_classes: int):
+        self.pairs = _rank_shards(shard_pairs, cfg.rank, cfg.world_size, "CC shards")
+        self.tokenizer, self.vocab, self.cfg, self.setting = tokenizer, vocab, cfg, setting
+        self.num_object_classes = num_object_classes
+        self._rois: dict[str, tuple[dict[str, RoiEntry], dict[str, str]]] = {}
+        self.epoch, self.consumed = 0, 0
+        self.recent_captions: list[str] = []
+        self.skipped: Counter = Counter()
+        self._iterator: Iterator[dict] | None = None
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "consumed": self.consumed, "recent_captions": list(self.recent_captions)}
+
+    def load_state(self, state: dict) -> None:
+        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+        self.recent_captions = list(state["recent_captions"])
+        self._iterator = None
+
+    def _rois_of(self, url: str) -> tuple[dict[str, RoiEntry], dict[str, str]]:
+        if url not in self._rois:
+            parquet = dict(self.pairs)[url]
+            entries, failures, num_classes = read_cc_rois(parquet, self.cfg.max_rois - 1)
+            if num_classes is not None and num_classes != self.num_object_classes:
+                raise ValueError(f"RoI parquet {parquet}: {num_classes} classes, the detector has {self.num_object_classes}")
+            self._rois[url] = (entries, failures)
+        return self._rois[url]
+
+    def _start_epoch(self) -> None:
+        self._iterator = _epoch_pipeline([u for u, _ in self.pairs], self.cfg.seed, self.cfg.rank, _STREAM_CC, self.epoch)
+        self._emitted_in_epoch, self._replayed = 0, self.consumed
+        for _ in range(self.consumed):  # resume: replay the raw stream without decoding it
+            next(self._iterator)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        while True:
+            if self._iterator is None:
+                self._start_epoch()
+            try:
+                raw = next(self._iterator)
+            except StopIteration:
+                if self._emitted_in_epoch == 0 and self._replayed == 0:
+                    raise ValueError(f"CC shards {[u for u, _ in self.pairs]} yield no usable sample "
+                                     f"(skipped: {dict(self.skipped)})") from None
+                log.info("CC epoch %d done: %d raw samples; skipped so far %s", self.epoch, self.consumed,
+                         dict(self.skipped))
+                self.epoch, self.consumed, self._iterator = self.epoch + 1, 0, None
+                continue
+            index = self.consumed
+            self.consumed += 1
+            sample = self._make_sample(raw, index)
+            if sample is not None:
+                self._emitted_in_epoch += 1
+                return sample
+
+    def _make_sample(self, raw: dict, index: int) -> dict | None:
+        key, url = raw.get("__key__"), raw.get("__url__")
+        image_field = next((ext for ext in IMAGE_EXTENSIONS if ext in raw), None)
+        if image_field is None or "txt" not in raw:
+            self.skipped["missing_image_or_caption"] += 1
+            log.warning("CC shard %s sample %r lacks an image or a caption (has %s); skipped",
+                        url, key, sorted(k for k in raw if not k.startswith("__")))
+            return None
+        entries, failures = self._rois_of(url)
+        rois = entries.get(key)
+        if rois is None:
+            # every CC sample is accounted for: its RoI row failed (download/decode) or does not exist
+            self.skipped[f"roi_{failures[key]}" if key in failures else "no_roi_row"] += 1
+            return None
+        try:
+            with Image.open(io.BytesIO(raw[image_field])) as decoded:
+                img = decoded.convert("RGB")
+        except OSError as exc:
+            raise ValueError(f"CC shard {url} sample {key!r}: image does not decode: {exc}") from exc
+        caption = raw["txt"].decode("utf-8").strip()
+        img, _ = fit_image(img, self.cfg.image_max_side)
+        width, height = img.size
+        scale = np.array([width / rois.image_w, height / rois.image_h] * 2, dtype=np.float32)
+        limits = np.array([width, height, width, height], dtype=np.float32)
+        boxes = boxes_with_whole_image(np.clip(rois.boxes * scale, 0.0, limits), width, height, self.cfg.max_rois)
+        class_scores = np.concatenate([np.zeros((1, rois.class_scores.shape[1]), np.float32), rois.class_scores])
+        rng = sample_rng(self.cfg.seed, self.cfg.rank, _STREAM_CC, self.epoch, index)
+
+        relationship = IGNORE_INDEX
+        if self.setting.relationship:
+            relationship = 1
+            pool = [c for c in self.recent_captions if c != caption]
+            shown_caption = caption
+            if pool and rng.random() < MISMATCH_PROB:
+                shown_caption, relationship = pool[int(rng.integers(len(pool)))], 0
+            self.recent_captions = (self.recent_captions + [caption])[-NEGATIVE_CAPTION_POOL:]
+            caption = shown_caption
+
+        ids = self.tokenizer(caption, add_special_tokens=False)["input_ids"][: self.cfg.max_caption_len - 2]
+        if not ids:
+            self.skipped["empty_caption"] += 1
+            return None
+        masked_ids, labels = whole_word_mask(ids, self.tokenizer.convert_ids_to_tokens(ids), rng, self.vocab)
+        num_rois = boxes.shape[0]
+        if self.setting.masked_roi_cls:
+            selected, masked = mask_rois(num_rois, rng)
+        else:
+            selected = masked = np.zeros(num_rois, dtype=bool)
+        seq = build_input_sequence(masked_ids, None, num_rois, cls_id=self.tokenizer.cls_token_id,
+                                   sep_id=self.tokenizer.sep_token_id, pad_id=self.tokenizer.pad_token_id)
+        mlm_labels = [IGNORE_INDEX] + labels + [IGNORE_INDEX] * (len(seq.input_ids) - len(labels) - 1)
+        return {
+            "key": key, "sequence": seq, "mlm_labels": mlm_labels, "image": image_to_tensor(img),
+            "boxes": torch.from_numpy(boxes), "roi_masked": torch.from_numpy(masked),
+            "roi_selected": torch.from_numpy(selected), "roi_labels": torch.from_numpy(class_scores),
+            "relationship": relationship,
+        }
+
+
+class TextStream:
+    """Endless <Text, ∅> samples of up to max_text_len tokens cut from the documents of the text shards."""
+
+    def __init__(self, shards: list[str], tokenizer, vocab: MaskingVocab, cfg: StreamConfig):
+        self.shards = _rank_shards(list(shards), cfg.rank, cfg.world_size, "text shards")
+        self.tokenizer, self.vocab, self.cfg = tokenizer, vocab, cfg
+        self.epoch, self.docs_consumed, self.chunks_done = 0, 0, 0
+        self.skipped: Counter = Counter()
+        self._iterator: Iterator[dict] | None = None
+        self._pending: list[list[int]] = []   # chunks of the current document not yet emitted
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "docs_consumed": self.docs_consumed, "chunks_done": self.chunks_done}
+
+    def load_state(self, state: dict) -> None:
+        self.epoch, self.docs_consumed = int(state["epoch"]), int(state["docs_consumed"])
+        self.chunks_done = int(state["chunks_done"])
+        self._iterator, self._pending = None, []
+
+    def _doc_chunks(self, raw: dict) -> list[list[int]]:
+        if "txt" not in raw:
+            self.skipped["missing_text"] += 1
+            log.warning("text shard %s sample %r has no .txt; skipped", raw.get("__url__"), raw.get("__key__"))
+            return []
+        lines = [line.strip() for line in raw["txt"].decode("utf-8").splitlines() if line.strip()]
+        if not lines:
+            self.skipped["empty_document"] += 1
+            return []
+        line_ids = self.tokenizer(lines, add_special_tokens=False)["input_ids"]
+        return text_chunks(line_ids, self.cfg.max_text_len - 2)
+
+    def _start_epoch(self) -> None:
+        self._iterator = _epoch_pipeline(self.shards, self.cfg.seed, self.cfg.rank, _STREAM_TEXT, self.epoch)
+        self._emitted_in_epoch, self._replayed = 0, self.docs_consumed
+        if self.docs_consumed:  # resume: skip whole documents raw, then the chunks already emitted
+            for _ in range(self.docs_consumed - 1):
+                next(self._iterator)
+            self._pending = self._doc_chunks(next(self._iterator))[self.chunks_done:]
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        while not self._pending:
+            if self._iterator is None:
+                self._start_epoch()
+                continue
+            try:
+                raw = next(self._iterator)
+            except StopIteration:
+                if self._emitted_in_epoch == 0 and self._replayed == 0:
+                    raise ValueError(f"text shards {self.shards} hold no usable document "
+                                     f"({self.docs_consumed} read, skipped {dict(self.skipped)})") from None
+                log.info("text epoch %d done: %d documents", self.epoch, self.docs_consumed)
+                self.epoch, self.docs_consumed, self.chunks_done, self._iterator = self.epoch + 1, 0, 0, None
+                continue
+            self.docs_consumed += 1
+            self.chunks_done = 0
+            self._pending = self._doc_chunks(raw)
+        ids = self._pending.pop(0)
+        self._emitted_in_epoch += 1
+        rng = sample_rng(self.cfg.seed, self.cfg.rank, _STREAM_TEXT, self.epoch, self.docs_consumed, self.chunks_done)
+        self.chunks_done += 1
+        masked_ids, labels = whole_word_mask(ids, self.tokenizer.convert_ids_to_tokens(ids), rng, self.vocab)
+        seq = build_input_sequence(masked_ids, None, None, cls_id=self.tokenizer.cls_token_id,
+                                   sep_id=self.tokenizer.sep_token_id, pad_id=self.tokenizer.pad_token_id)
+        return {"sequence": seq, "mlm_labels": [IGNORE_INDEX, *labels, IGNORE_INDEX], "relationship": IGNORE_INDEX}
+
+
+# ---- batches -----------------------------------------------------------------------------------------
+
+@dataclass
+class PretrainBatch:
+    inputs: VLBertBatch
+    mlm_labels: torch.Tensor                  # Long [B, L], IGNORE_INDEX where there is no target
+    roi_labels: torch.Tensor | None           # Float [B, R, C] detector class scores (soft targets)
+    roi_selected: torch.Tensor | None         # Bool [B, R] RoIs with a classification target
+    relationship_labels: torch.Tensor         # Long [B]: 1 matched, 0 mismatched, IGNORE_INDEX none
+
+    def to(self, device) -> "PretrainBatch":
+        return PretrainBatch(**{f.name: (v.to(device) if v is not None else None)
+                                for f in fields(self) for v in [getattr(self, f.name)]})
+
+
+def collate_pretrain(samples: list[dict]) -> PretrainBatch:
+    inputs = collate_samples(samples)
+    length = inputs.input_ids.shape[1]
+    mlm_labels = torch.full((len(samples), length), IGNORE_INDEX, dtype=torch.long)
+    for i, s in enumerate(samples):
+        if len(s["mlm_labels"]) != len(s["sequence"].input_ids):
+            raise ValueError(f"collate_pretrain: sample {i}: {len(s['mlm_labels'])} MLM labels for "
+                             f"{len(s['sequence'].input_ids)} elements")
+        mlm_labels[i, : len(s["mlm_labels"])] = torch.as_tensor(s["mlm_labels"])
+    roi_labels = roi_selected = None
+    if inputs.boxes is not None:
+        num_boxes = inputs.boxes.shape[1]
+        num_classes = next(s["roi_labels"].shape[1] for s in samples if s.get("roi_labels") is not None)
+        roi_labels = torch.zeros(len(samples), num_boxes, num_classes)
+        roi_selected = torch.zeros(len(samples), num_boxes, dtype=torch.bool)
+        for i, s in enumerate(samples):
+            if s.get("roi_labels") is not None:
+                roi_labels[i, : s["roi_labels"].shape[0]] = s["roi_labels"]
+                roi_selected[i, : s["roi_selected"].shape[0]] = s["roi_selected"]
+    relationship = torch.tensor([s["relationship"] for s in samples], dtype=torch.long)
+    return PretrainBatch(inputs, mlm_labels, roi_labels, roi_selected, relationship)
+
+
+class PretrainBatches:
+    """Mini-batches of cc_batch_size CC samples (+ text_batch_size text samples when the setting uses the
+    text corpus: the 1:1 mix of the paper)."""
+
+    def __init__(self, cc_stream: CaptionImageStream, text_stream: TextStream | None, cc_batch_size: int,
+                 text_batch_size: int):
+        if cc_batch_size < 1 or (text_stream is not None and text_batch_size < 1):
+            raise ValueError(f"batch sizes must be >= 1, got cc {cc_batch_size}, text {text_batch_size}")
+        self.cc_stream, self.text_stream = cc_stream, text_stream
+        self.cc_batch_size, self.text_batch_size = cc_batch_size, text_batch_size
+
+    @property
+    def samples_per_batch(self) -> int:
+        return self.cc_batch_size + (self.text_batch_size if self.text_stream is not None else 0)
+
+    def state(self) -> dict:
+        return {"cc": self.cc_stream.state(), "text": None if self.text_stream is None else self.text_stream.state()}
+
+    def load_state(self, state: dict) -> None:
+        self.cc_stream.load_state(state["cc"])
+        if self.text_stream is not None:
+            self.text_stream.load_state(state["text"])
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> PretrainBatch:
+        samples = [next(self.cc_stream) for _ in range(self.cc_batch_size)]
+        if self.text_stream is not None:
+            samples += [next(self.text_stream) for _ in range(self.text_batch_size)]
+        return collate_pretrain(samples)

@@ -1,0 +1,290 @@
+"""The pre-training loop: one readable loop for every Table 4 setting (nanoGPT style).
+
+AdamW (no weight decay on biases, LayerNorm and other 1-d parameters), linear warm-up then linear
+decay, lr = lr_per_sample x global batch, gradient clipping, bf16 autocast on CUDA only, DDP when
+launched by torchrun (WORLD_SIZE > 1). A checkpoint (model, heads, optimiser, scheduler, step,
+metrics, RNG states and data positions of every rank) is written to <out_dir>/checkpoint.pt every
+`checkpoint_every` steps and at the end; a run finds it there and resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from vlbert_core.detector import build_resnet_c4, load_detector
+from vlbert_core.model import VLBertConfig, VLBertModel, load_tokenizer
+from vlbert_core.model.bert_init import read_bert_config
+from vlbert_core.model.config import bert_fields_from_hf_config
+from vlbert_core.utils import atomic_path, get_logger, seed_everything
+
+from .data import CaptionImageStream, PretrainBatches, StreamConfig, TextStream, pair_shards_with_rois
+from .masking import MaskingVocab
+from .objectives import VLBertForPretraining
+from .settings import get_setting
+
+log = get_logger(__name__)
+
+CHECKPOINT_FILE = "checkpoint.pt"
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINT_FORMAT = 1
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-6  # as in BERT and the released VL-BERT optimiser
+
+PRETRAIN_KEYS = ("steps", "cc_batch_size", "text_batch_size", "lr_per_sample", "weight_decay", "warmup_steps",
+                 "clip_grad", "max_text_len", "max_caption_len", "checkpoint_every")
+MODEL_KEYS = ("bert_path", "num_hidden_layers", "geometry_dim", "max_rois", "image_max_side", "frozen_stages",
+              "freeze_bn")
+
+
+def _require(cfg: Mapping[str, Any], keys: tuple[str, ...], section: str) -> None:
+    missing = [k for k in keys if k not in cfg]
+    if missing:
+        raise KeyError(f"config section '{section}' lacks keys {missing}")
+
+
+def lr_factor(step: int, total_steps: int, warmup_steps: int) -> float:
+    """Multiplier of the peak lr for 0-based optimiser step `step`: linear warm-up, then linear decay to 0."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+
+def build_vlbert_config(model_cfg: Mapping[str, Any], detector_meta: Mapping[str, Any], *, tune_frcnn: bool) -> VLBertConfig:
+    """VLBertConfig from the config's `model:` section, the BERT checkpoint and the detector checkpoint."""
+    _require(model_cfg, MODEL_KEYS, "model")
+    backbone = {k: v for k, v in dict(detector_meta["config"]["backbone"]).items() if k != "init_weights"}
+    _, _, _, appearance_dim = build_resnet_c4(backbone)
+    return VLBertConfig(
+        **bert_fields_from_hf_config(read_bert_config(model_cfg["bert_path"]), int(model_cfg["num_hidden_layers"])),
+        visual_backbone=backbone, appearance_dim=appearance_dim, geometry_dim=int(model_cfg["geometry_dim"]),
+        num_object_classes=int(detector_meta["num_classes"]) + 1,  # + background, as in the RoI class scores
+        tune_frcnn=tune_frcnn, frozen_stages=int(model_cfg["frozen_stages"]), freeze_bn=bool(model_cfg["freeze_bn"]),
+        bert_path=str(model_cfg["bert_path"]),
+    )
+
+
+def parameter_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for _, p in module.named_parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _init_distributed(device: str) -> tuple[int, int, torch.device]:
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return 0, 1, torch.device(device)
+    use_cuda = device.startswith("cuda")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        return dist.get_rank(), world_size, torch.device("cuda", local_rank)
+    return dist.get_rank(), world_size, torch.device(device)
+
+
+def _gather(obj: Any, world_size: int) -> list:
+    if world_size == 1:
+        return [obj]
+    out: list = [None] * world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _rng_state(device: torch.device) -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict, device: torch.device) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _fingerprint(**parts: Any) -> str:
+    """What a checkpoint must agree on to be resumed: settings, config and the input files' identity."""
+    def file_id(path: str) -> list:
+        st = os.stat(path)
+        return [str(path), st.st_size, st.st_mtime_ns]
+
+    payload = {k: v for k, v in parts.items() if k != "files"}
+    payload["files"] = [file_id(p) for p in parts.get("files", [])]
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _write_metrics(path: Path, records: list[dict]) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+
+
+def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: list, detector_path: str,
+             model_cfg: dict, pretrain_cfg: dict, out_dir: str, seed: int, device: str, *,
+             stop_after_step: int | None = None) -> dict:
+    """Pre-train VL-BERT for one Table 4 setting; writes out_dir/{model.safetensors, config.json, metrics.jsonl}.
+
+    `stop_after_step` ends the run right after that step's checkpoint without writing the final outputs,
+    as an interruption would (used to test resuming). Returns a summary dict.
+    """
+    spec = get_setting(setting)
+    _require(pretrain_cfg, PRETRAIN_KEYS, "pretrain")
+    out = Path(out_dir)
+    rank, world_size, dev = _init_distributed(device)
+    is_main = rank == 0
+    seed_everything(seed)
+
+    detector, detector_meta = load_detector(detector_path)
+    config = build_vlbert_config(model_cfg, detector_meta, tune_frcnn=spec.tune_frcnn)
+    model = VLBertModel.from_bert(config, detector.state_dict())
+    del detector
+
+    if not spec.trains:
+        if is_main:
+            model.save(out)
+            _write_metrics(out / METRICS_FILE, [{"step": 0, "setting": spec.name, "steps": 0, "samples": 0,
+                                                 "note": "not pre-trained: the BERT-initialised model"}])
+        log.info("setting %s: wrote the BERT-initialised model to %s without training", spec.name, out)
+        return {"setting": spec.name, "steps": 0}
+
+    steps, warmup = int(pretrain_cfg["steps"]), int(pretrain_cfg["warmup_steps"])
+    if steps < 1 or warmup < 0 or int(pretrain_cfg["checkpoint_every"]) < 1:
+        raise ValueError(f"pretrain: steps ({steps}) and checkpoint_every must be >= 1, warmup_steps >= 0")
+    module = VLBertForPretraining(model, spec)
+    loaded = module.heads.load_from_bert(config.bert_path)
+    log.info("heads from BERT: %s (the rest initialised N(0, 0.02))", loaded)
+    module.to(dev)
+    seed_everything(seed + rank)  # identical init on every rank (above), but each rank its own dropout masks
+
+    tokenizer = load_tokenizer(config.bert_path)
+    stream_cfg = StreamConfig(max_caption_len=int(pretrain_cfg["max_caption_len"]),
+                              max_text_len=int(pretrain_cfg["max_text_len"]), max_rois=int(model_cfg["max_rois"]),
+                              image_max_side=int(model_cfg["image_max_side"]), seed=seed, rank=rank,
+                              world_size=world_size)
+    vocab = MaskingVocab.from_tokenizer(tokenizer)
+    cc_stream = CaptionImageStream(pair_shards_with_rois(list(cc_shards), list(roi_parquets)), tokenizer, vocab,
+                                   stream_cfg, spec, config.num_object_classes)
+    text_stream = None
+    if spec.text_corpus:
+        if not text_shards:
+            raise ValueError(f"setting {spec.name} uses the text corpus but no text shards were given")
+        text_stream = TextStream(list(text_shards), tokenizer, vocab, stream_cfg)
+    batches = PretrainBatches(cc_stream, text_stream, int(pretrain_cfg["cc_batch_size"]),
+                              int(pretrain_cfg["text_batch_size"]))
+
+    global_batch = batches.samples_per_batch * world_size
+    peak_lr = float(pretrain_cfg["lr_per_sample"]) * global_batch
+    # The fused kernel (CPU and CUDA) makes the update of the 30k x hidden word-embedding matrix cheap.
+    optimizer = torch.optim.AdamW(parameter_groups(module, float(pretrain_cfg["weight_decay"])), lr=peak_lr,
+                                  betas=ADAM_BETAS, eps=ADAM_EPS, fused=dev.type in ("cpu", "cuda"))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, warmup))
+    trainable = [p for p in module.parameters() if p.requires_grad]
+
+    fingerprint = _fingerprint(setting=spec.to_dict(), seed=seed, world_size=world_size, model=dict(model_cfg),
+                               pretrain={k: v for k, v in pretrain_cfg.items() if k != "settings"},
+                               files=[*cc_shards, *roi_parquets, *(text_shards if spec.text_corpus else []), detector_path])
+    step, metrics, resumed_from = 0, [], None
+    ckpt_path = out / CHECKPOINT_FILE
+    if ckpt_path.is_file():
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        if ckpt.get("format") == CHECKPOINT_FORMAT and ckpt.get("fingerprint") == fingerprint:
+            module.model.load_state_dict(ckpt["model"])
+            module.heads.load_state_dict(ckpt["heads"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+            scheduler.load_state_dict(ckpt["scheduler"])
+            batches.load_state(ckpt["data"][rank])
+            _set_rng_state(ckpt["rng"][rank], dev)
+            step, metrics = int(ckpt["step"]), list(ckpt["metrics"])
+            resumed_from = step
+            log.info("resumed from %s at step %d", ckpt_path, step)
+        else:
+            log.warning("%s belongs to another configuration or input; starting from scratch", ckpt_path)
+
+    def save_checkpoint() -> None:
+        data_states = _gather(batches.state(), world_size)
+        rng_states = _gather(_rng_state(dev), world_size)
+        if is_main:
+            with atomic_path(ckpt_path) as tmp:
+                torch.save({"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "setting": spec.name,
+                            "step": step, "model": module.model.state_dict(), "heads": module.heads.state_dict(),
+                            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                            "data": data_states, "rng": rng_states, "metrics": metrics}, tmp)
+
+    train_module: torch.nn.Module = module
+    if world_size > 1:
+        train_module = torch.nn.parallel.DistributedDataParallel(
+            module, device_ids=[dev.index] if dev.type == "cuda" else None)
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else contextlib.nullcontext())
+    log.info("setting %s (%s): %d steps, global batch %d (%d per rank), peak lr %.3g, %d/%d parameters trainable",
+             spec.name, spec.to_dict(), steps, global_batch, batches.samples_per_batch, peak_lr,
+             sum(p.numel() for p in trainable), sum(p.numel() for p in module.parameters()))
+
+    train_module.train()
+    log_every = max(1, steps // 20)
+    progress = tqdm(total=steps, initial=step, desc=f"pretrain {spec.name}", unit="step", disable=not is_main)
+    while step < steps:
+        started = time.perf_counter()
+        batch = next(batches).to(dev)
+        with autocast:
+            results = train_module(batch)
+        optimizer.zero_grad(set_to_none=True)
+        results["loss"].backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, float(pretrain_cfg["clip_grad"]))
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        seconds = time.perf_counter() - started
+        record = {"step": step, "lr": lr, "grad_norm": float(grad_norm), "seconds": round(seconds, 4),
+                  "samples_per_s": round(global_batch / seconds, 2)}
+        names = sorted(results)
+        stacked = torch.stack([results[k].detach().float() for k in names])
+        if world_size > 1:  # metrics are the mean over ranks
+            dist.all_reduce(stacked)
+            stacked /= world_size
+        values = dict(zip(names, stacked.tolist()))
+        if not all(math.isfinite(v) for k, v in values.items() if k.endswith("loss")):
+            raise FloatingPointError(f"setting {spec.name} step {step}: non-finite loss {values}")
+        # An accuracy is NaN when the batch had no target for it (e.g. no RoI drawn): null in JSON.
+        record.update({k: (v if math.isfinite(v) else None) for k, v in values.items()})
+        metrics.append(record)
+        progress.update(1)
+        progress.set_postfix(loss=f"{record['loss']:.3f}", samples_s=record["samples_per_s"])
+        if step % log_every == 0 or step == steps:
+            log.info("step %d/%d %s", step, steps,
+                     " ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "step" and v is not None))
+        if step % int(pretrain_cfg["checkpoint_every"]) == 0 or step == steps or step == stop_after_step:
+            save_checkpoint()
+        if step == stop_after_step:
+            progress.close()
+            log.info("stopping after step %d as asked (checkpoint written)", step)
+            return {"setting": spec.name, "steps": step, "stopped": True, "resumed_from": resumed_from}
+    progress.close()
+
+    if is_main:
+        module.model.save(out)
+        _write_metrics(out / METRICS_FILE, metrics)
+    skipped = dict(cc_stream.skipped) | ({f"text_{k}": v for k, v in text_stream.skipped.items()} if text_stream else {})
+    log.info("setting %s done: %d steps, skipped samples %s", spec.name, step, skipped)
+    if world_size > 1:
+        dist.barrier()
+    return {"setting": spec.name, "steps": step, "resumed_from": resumed_from, "final": metrics[-1] if metrics else None,
+            "skipped": skipped}

@@ -1,0 +1,42 @@
+"""The Table 4 ablation settings: which pre-training tasks each one switches on. The one place they live."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class PretrainSetting:
+    name: str
+    mlm_visual: bool       # Task 1: MLM with visual clues on <Caption, Image>
+    masked_roi_cls: bool   # Task 2: masked RoI classification with linguistic clues
+    relationship: bool     # sentence-image relationship prediction (mismatched pairs as negatives)
+    text_corpus: bool      # <Text, ∅> samples from the text-only corpus, 1:1 with CC per mini-batch
+    tune_frcnn: bool       # train stages 3-5 of the Fast R-CNN visual network
+
+    @property
+    def trains(self) -> bool:
+        """False for `none`: the BERT-initialised model is written without a single step."""
+        return self.mlm_visual or self.masked_roi_cls or self.relationship or self.text_corpus
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+SETTINGS: dict[str, PretrainSetting] = {
+    s.name: s
+    for s in (
+        PretrainSetting("none", mlm_visual=False, masked_roi_cls=False, relationship=False, text_corpus=False, tune_frcnn=False),
+        PretrainSetting("a", mlm_visual=True, masked_roi_cls=False, relationship=False, text_corpus=False, tune_frcnn=False),
+        PretrainSetting("b", mlm_visual=True, masked_roi_cls=True, relationship=False, text_corpus=False, tune_frcnn=False),
+        PretrainSetting("c", mlm_visual=True, masked_roi_cls=True, relationship=True, text_corpus=False, tune_frcnn=False),
+        PretrainSetting("d", mlm_visual=True, masked_roi_cls=True, relationship=False, text_corpus=True, tune_frcnn=False),
+        PretrainSetting("full", mlm_visual=True, masked_roi_cls=True, relationship=False, text_corpus=True, tune_frcnn=True),
+    )
+}
+
+
+def get_setting(name: str) -> PretrainSetting:
+    if name not in SETTINGS:
+        raise ValueError(f"unknown pre-training setting {name!r}; expected one of {list(SETTINGS)}")
+    return SETTINGS[name]
