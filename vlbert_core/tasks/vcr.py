@@ -1,0 +1,297 @@
+"""VCR: loaders of the official `{split}.jsonl` + per-image metadata JSON, the mixed-token text
+with object references, and the Q->AR metric.
+
+Text: VCR tokens are strings or lists of object indices (`[0, 2]`). As in the released VL-BERT
+code, a reference becomes the object's name from the row's `objects` list ("person", "bottle");
+a reference to several objects joins the names with "and". Every WordPiece of a name remembers
+the object it came from, so the caller can give those word positions the referenced box's visual
+feature (box i of the metadata is box i + 1 of the model input; box 0 is the whole image).
+
+Torch-free (the Q->AR script imports it without torch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from vlbert_core.utils import get_logger
+
+log = get_logger(__name__)
+
+NUM_CANDIDATES = 4
+NO_OBJECT = -1  # reference value of a word that names no object
+
+
+@dataclass
+class VcrItem:
+    annot_id: str
+    img_fn: str  # relative to the VCR image folder
+    metadata_fn: str  # relative to the VCR image folder
+    objects: list[str]  # object names, index = object reference
+    question: list  # mixed tokens: str or list[int]
+    answer_choices: list[list]
+    rationale_choices: list[list]
+    answer_label: int | None  # None on the test split
+    rationale_label: int | None
+
+
+@dataclass
+class VcrMetadata:
+    boxes: np.ndarray  # N x 4 float32 x1,y1,x2,y2 in original pixels
+    scores: np.ndarray  # N
+    names: list[str]
+    width: int
+    height: int
+
+
+def _check_tokens(tokens, num_objects: int, where: str) -> list:
+    if not isinstance(tokens, list) or not tokens:
+        raise ValueError(f"{where}: expected a non-empty token list, got {tokens!r}")
+    for tok in tokens:
+        if isinstance(tok, str):
+            continue
+        if not isinstance(tok, list) or not tok or not all(isinstance(i, int) for i in tok):
+            raise ValueError(f"{where}: token {tok!r} is neither a string nor a list of object "
+                             "indices")
+        bad = [i for i in tok if not 0 <= i < num_objects]
+        if bad:
+            raise ValueError(f"{where}: object reference {bad} out of range for "
+                             f"{num_objects} objects")
+    return tokens
+
+
+def load_vcr(jsonl_path: str | os.PathLike) -> list[VcrItem]:
+    """All rows of a VCR jsonl file, validated (references in range, 4 choices, labels 0..3).
+
+    Fields the pipeline does not use (movie, question_orig, interesting_scores, ...) are ignored.
+    """
+    path = Path(jsonl_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"VCR file {path} does not exist")
+    items: list[VcrItem] = []
+    seen: set[str] = set()
+    with path.open() as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"VCR file {path} line {line_no}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{where}: not valid JSON: {exc}") from exc
+            try:
+                objects = [str(o) for o in row["objects"]]
+                annot_id = str(row["annot_id"])
+                item = VcrItem(
+                    annot_id=annot_id, img_fn=str(row["img_fn"]),
+                    metadata_fn=str(row["metadata_fn"]), objects=objects,
+                    question=_check_tokens(row["question"], len(objects), f"{where} question"),
+                    answer_choices=[_check_tokens(c, len(objects), f"{where} answer {k}")
+                                    for k, c in enumerate(row["answer_choices"])],
+                    rationale_choices=[_check_tokens(c, len(objects), f"{where} rationale {k}")
+                                       for k, c in enumerate(row["rationale_choices"])],
+                    answer_label=row.get("answer_label"),
+                    rationale_label=row.get("rationale_label"))
+            except KeyError as exc:
+                raise ValueError(f"{where}: missing field {exc}") from exc
+            for name, choices in (("answer_choices", item.answer_choices),
+                                  ("rationale_choices", item.rationale_choices)):
+                if len(choices) != NUM_CANDIDATES:
+                    raise ValueError(f"{where}: {name} has {len(choices)} entries, "
+                                     f"expected {NUM_CANDIDATES}")
+            for name in ("answer_label", "rationale_label"):
+                label = getattr(item, name)
+                if label is not None and label not in range(NUM_CANDIDATES):
+                    raise ValueError(f"{where}: {name} {label!r} is not in 0..3")
+            if annot_id in seen:
+                raise ValueError(f"{where}: duplicate annot_id {annot_id!r}")
+            seen.add(annot_id)
+            items.append(item)
+    log.info("loaded %d VCR questions from %s", len(items), path)
+    return items
+
+
+def load_vcr_metadata(path: str | os.PathLike) -> VcrMetadata:
+    """Boxes ([x1,y1,x2,y2,score] rows), names, width and height of one VCR image."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"VCR metadata {path} does not exist")
+    try:
+        meta = json.loads(path.read_text())
+        raw = np.asarray(meta["boxes"], dtype=np.float32).reshape(-1, 5)
+        names = [str(n) for n in meta["names"]]
+        width, height = int(meta["width"]), int(meta["height"])
+    except (json.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
+        raise ValueError(f"VCR metadata {path}: {exc!r}") from exc
+    if len(names) != len(raw):
+        raise ValueError(f"VCR metadata {path}: {len(raw)} boxes but {len(names)} names")
+    return VcrMetadata(boxes=raw[:, :4].copy(), scores=raw[:, 4].copy(), names=names,
+                       width=width, height=height)
+
+
+def check_metadata_matches(item: VcrItem, meta: VcrMetadata, source: str) -> None:
+    if meta.names != item.objects:
+        raise ValueError(f"VCR annot_id {item.annot_id}: objects {item.objects} differ from the "
+                         f"names {meta.names} in {source}")
+
+
+def mixed_tokens_to_words(tokens: Sequence, objects: Sequence[str]) -> list[tuple[str, int]]:
+    """Mixed VCR tokens -> [(word, object index or NO_OBJECT)].
+
+    `["is", [0, 2], "here"]` with objects person, dog, car ->
+    is, person(0), and, car(2), here.
+    """
+    words: list[tuple[str, int]] = []
+    for tok in tokens:
+        if isinstance(tok, str):
+            words.append((tok, NO_OBJECT))
+            continue
+        for k, obj in enumerate(tok):
+            if k > 0:
+                words.append(("and", NO_OBJECT))
+            words.append((objects[obj], obj))
+    return words
+
+
+class _Tokenizer(Protocol):
+    def tokenize(self, text: str) -> list[str]: ...
+    def convert_tokens_to_ids(self, tokens: list[str]) -> list[int]: ...
+
+
+def tokenize_with_refs(tokenizer: _Tokenizer, tokens: Sequence,
+                       objects: Sequence[str]) -> tuple[list[int], list[int]]:
+    """WordPiece ids of mixed VCR tokens and, per id, the referenced object (or NO_OBJECT)."""
+    ids: list[int] = []
+    refs: list[int] = []
+    for word, obj in mixed_tokens_to_words(tokens, objects):
+        pieces = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(word))
+        ids.extend(pieces)
+        refs.extend([obj] * len(pieces))
+    return ids, refs
+
+
+def words_to_text(tokens: Sequence, objects: Sequence[str]) -> str:
+    return " ".join(w for w, _ in mixed_tokens_to_words(tokens, objects))
+
+
+def candidate_texts(item: VcrItem, mode: str) -> tuple[list, list[list]]:
+    """(sentence A tokens, the 4 sentence B token lists) of one question.
+
+    Q->A: A = question, B = each answer. QA->R: A = question + the correct answer (the standard
+    VCR protocol conditions QA->R on the right answer), B = each rationale.
+    """
+    if mode == "q2a":
+        return item.question, item.answer_choices
+    if mode == "qa2r":
+        if item.answer_label is None:
+            raise ValueError(f"VCR annot_id {item.annot_id}: QA->R needs answer_label")
+        return item.question + item.answer_choices[item.answer_label], item.rationale_choices
+    raise ValueError(f"unknown VCR mode {mode!r} (expected 'q2a' or 'qa2r')")
+
+
+def candidate_label(item: VcrItem, mode: str) -> int | None:
+    return item.answer_label if mode == "q2a" else item.rationale_label
+
+
+def vcr_q2ar_correct(q2a_pred: Sequence[int], qa2r_pred: Sequence[int],
+                     labels: Sequence[tuple[int, int]]) -> list[bool]:
+    """Per question: right only when both the answer and the rationale are right.
+
+    `labels` holds (answer_label, rationale_label) pairs, aligned with the predictions.
+    """
+    if not len(q2a_pred) == len(qa2r_pred) == len(labels):
+        raise ValueError(f"Q->AR needs aligned inputs; got {len(q2a_pred)} Q->A predictions, "
+                         f"{len(qa2r_pred)} QA->R predictions and {len(labels)} labels")
+    return [int(a) == int(la) and int(r) == int(lr)
+            for a, r, (la, lr) in zip(q2a_pred, qa2r_pred, labels)]
+
+
+def read_vcr_predictions(path: str | os.PathLike) -> dict[str, dict]:
+    """{annot_id: row} of a VCR predictions file (rows: annot_id, label, prediction,
+    probabilities), written as JSON lines or as one JSON list."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"VCR predictions {path} do not exist")
+    text = path.read_text()
+    if text.lstrip().startswith("["):
+        try:
+            entries = list(enumerate(json.loads(text), start=1))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"VCR predictions {path}: not valid JSON: {exc}") from exc
+        where = "entry"
+    else:
+        entries = []
+        for line_no, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                entries.append((line_no, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"VCR predictions {path} line {line_no}: {exc}") from exc
+        where = "line"
+    rows: dict[str, dict] = {}
+    for number, row in entries:
+        try:
+            annot_id = str(row["annot_id"])
+            int(row["prediction"]), int(row["label"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"VCR predictions {path} {where} {number}: {exc!r} in {row!r}") from exc
+        if annot_id in rows:
+            raise ValueError(f"VCR predictions {path} {where} {number}: duplicate annot_id "
+                             f"{annot_id!r}")
+        rows[annot_id] = row
+    return rows
+
+
+def q2ar_from_prediction_files(q2a_path: str | os.PathLike,
+                               qa2r_path: str | os.PathLike) -> tuple[float, int]:
+    """(Q->AR accuracy in percent, number of questions) from the two prediction files."""
+    q2a = read_vcr_predictions(q2a_path)
+    qa2r = read_vcr_predictions(qa2r_path)
+    if set(q2a) != set(qa2r):
+        only_a = sorted(set(q2a) - set(qa2r))[:5]
+        only_r = sorted(set(qa2r) - set(q2a))[:5]
+        raise ValueError(f"Q->A predictions {q2a_path} and QA->R predictions {qa2r_path} cover "
+                         f"different questions (only in Q->A: {only_a}; only in QA->R: {only_r})")
+    if not q2a:
+        raise ValueError(f"no predictions in {q2a_path}")
+    ids = sorted(q2a)
+    correct = vcr_q2ar_correct([q2a[i]["prediction"] for i in ids],
+                               [qa2r[i]["prediction"] for i in ids],
+                               [(q2a[i]["label"], qa2r[i]["label"]) for i in ids])
+    return 100.0 * sum(correct) / len(correct), len(correct)
+
+
+def write_q2ar_json(q2a_path: str | os.PathLike, qa2r_path: str | os.PathLike,
+                    json_path: str | os.PathLike, *, split: str, setting: str, schedule: str,
+                    dataset: str) -> dict:
+    """The Q->AR eval JSON from the two prediction files (written atomically).
+
+    `predictions` names the Q->A file and `predictions_qa2r` the QA->R file; `model_dir` is None
+    because the number comes from two fine-tuned models (named in those files' eval JSONs).
+    """
+    from vlbert_core.utils import atomic_path
+
+    value, count = q2ar_from_prediction_files(q2a_path, qa2r_path)
+    result = {"task": "vcr_q2ar", "metric": "accuracy", "value": value, "split": split,
+              "num_examples": count, "predictions": str(q2a_path),
+              "predictions_qa2r": str(qa2r_path), "setting": setting, "schedule": schedule,
+              "model_dir": None, "dataset": dataset}
+    with atomic_path(json_path) as tmp:
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
+    log.info("vcr_q2ar %s: accuracy = %.2f over %d questions", split, value, count)
+    return result
+
+
+def build_object_vocab(items: Sequence[VcrItem]) -> list[str]:
+    """Sorted object names of the training questions: the classes of the auxiliary RoI loss."""
+    names = sorted({name for item in items for name in item.objects})
+    if not names:
+        raise ValueError("no VCR object names to build the RoI-classification vocabulary from")
+    return names

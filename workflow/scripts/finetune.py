@@ -1,0 +1,34 @@
+"""Snakemake entry point: fine-tune one pre-trained VL-BERT on one task (VCR, VQA or RefCOCO+)."""
+
+from pathlib import Path
+
+from vlbert_core.tasks.finetune import finetune
+from vlbert_core.utils import set_threads, setup_logging
+
+
+def main(smk) -> None:
+    setup_logging(smk.log[0])
+    set_threads(smk.threads)
+    out_dir = Path(smk.output.model).parent
+    for name in ("config", "metrics"):
+        if Path(getattr(smk.output, name)).parent != out_dir:
+            raise ValueError(f"output {name} must sit next to output model in {out_dir}")
+    finetune(
+        task=smk.params.task,
+        pretrained_dir=Path(smk.input.pretrained).parent,
+        out_dir=out_dir,
+        setting=smk.params.setting,
+        schedule=smk.params.schedule,
+        schedule_factor=float(smk.params.schedule_factor),
+        hparams=dict(smk.params.hparams),
+        tune_frcnn=bool(smk.params.tune_frcnn),
+        model_cfg=dict(smk.params.model),
+        sources=dict(smk.params.sources),
+        rois_paths=list(smk.input.rois),
+        seed=int(smk.params.seed),
+        device=smk.params.device,
+    )
+
+
+if __name__ == "__main__":  # under Snakemake's script: directive `snakemake` is a global
+    main(snakemake)  # noqa: F821
