@@ -489,6 +489,20 @@ def _finetune(world, task, out, tune_frcnn=False, **overrides):
                     sources=sources[dataset], rois_paths=rois, seed=0)
 
 
+def _evaluate(model_dir: Path, targets: list[tuple[str, str]], out: Path, sources: dict, rois=()) -> None:
+    """What the workflow does: the fine-tune job predicts, then each `evaluate` job scores one target."""
+    from vlbert_core.tasks.evaluate import predict_splits, write_prediction_bundle
+    from vlbert_core.tasks.scoring import evaluate_predictions
+
+    bundle = predict_splits(model_dir, targets, sources=sources, model_cfg=MODEL_CFG,
+                            rois_paths=[str(r) for r in rois])
+    write_prediction_bundle(bundle, out / "predictions.json", model_dir=model_dir)
+    for eval_task, split in targets:
+        evaluate_predictions(eval_task, split, out / "predictions.json", sources,
+                             out / eval_task / f"{split}.json", out / eval_task / f"{split}.predictions.json",
+                             setting="full", schedule="half", dataset="synthetic")
+
+
 def _check_eval(path: Path, task: str, metric: str, split: str, num_examples: int) -> dict:
     result = json.loads(path.read_text())
     assert set(result) == {"task", "metric", "value", "split", "num_examples", "predictions", "setting",
@@ -534,7 +548,7 @@ def test_forward_shared_images_equals_the_plain_forward(world, tokenizer):
 
 
 def test_tiny_finetune_and_evaluate_every_task(world, tmp_path):
-    from vlbert_core.tasks.evaluate import EvalTarget, evaluate
+    from vlbert_core.tasks.evaluate import predict_splits
     from vlbert_core.tasks.finetune import load_finetuned
 
     root, sources = world
@@ -547,10 +561,8 @@ def test_tiny_finetune_and_evaluate_every_task(world, tmp_path):
     assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["loss"]) and r["lr"] > 0 for r in rows)
     model, saved_meta = load_finetuned(tmp_path / "ft/vqa")
     assert saved_meta["answers"] == meta["answers"] and model.head.num_answers == 3
-    evaluate(tmp_path / "ft/vqa", [EvalTarget("vqa", "val", tmp_path / "ev/vqa/val.json",
-                                              tmp_path / "ev/vqa/val.predictions.json")],
-             setting="full", schedule="half", sources=sources["vqa"], model_cfg=MODEL_CFG,
-             dataset="synthetic", rois_paths=[root / "rois/vqa/val.parquet"])
+    _evaluate(tmp_path / "ft/vqa", [("vqa", "val")], tmp_path / "ev", sources["vqa"],
+              [root / "rois/vqa/val.parquet"])
     result = _check_eval(tmp_path / "ev/vqa/val.json", "vqa", "vqa_accuracy", "val", 3)
     predictions = json.loads(Path(result["predictions"]).read_text())
     assert sorted(p["question_id"] for p in predictions) == [1000, 1001, 2000]
@@ -567,17 +579,14 @@ def test_tiny_finetune_and_evaluate_every_task(world, tmp_path):
         assert meta["object_names"] == ["car", "dog", "person"] and meta["decay_steps"] == [1]
         rows = [json.loads(line) for line in (tmp_path / f"ft/{task}/metrics.jsonl").read_text().splitlines()]
         assert rows[1]["lr"] == pytest.approx(0.1 * HPARAMS["lr"]) and "roi_cls_loss" in rows[0]
-        evaluate(tmp_path / f"ft/{task}", [EvalTarget(task, "val", tmp_path / f"ev/{task}/val.json",
-                                                      tmp_path / f"ev/{task}/val.predictions.jsonl")],
-                 setting="full", schedule="half", sources=sources["vcr"], model_cfg=MODEL_CFG,
-                 dataset="synthetic")
-        _check_eval(tmp_path / f"ev/{task}/val.json", task, "accuracy", "val", 2)
-        lines = (tmp_path / f"ev/{task}/val.predictions.jsonl").read_text().splitlines()
-        first = json.loads(lines[0])
+        _evaluate(tmp_path / f"ft/{task}", [(task, "val")], tmp_path / f"ev/{task}-run", sources["vcr"])
+        _check_eval(tmp_path / f"ev/{task}-run/{task}/val.json", task, "accuracy", "val", 2)
+        first = json.loads((tmp_path / f"ev/{task}-run/{task}/val.predictions.json").read_text())[0]
         assert first["annot_id"] == "val-0" and len(first["probabilities"]) == 4
         assert sum(first["probabilities"]) == pytest.approx(1.0, abs=1e-5)
-    q2ar = vcr_lib.write_q2ar_json(tmp_path / "ev/vcr_q2a/val.predictions.jsonl",
-                                   tmp_path / "ev/vcr_qa2r/val.predictions.jsonl", tmp_path / "ev/q2ar/val.json",
+    q2ar = vcr_lib.write_q2ar_json(tmp_path / "ev/vcr_q2a-run/vcr_q2a/val.predictions.json",
+                                   tmp_path / "ev/vcr_qa2r-run/vcr_qa2r/val.predictions.json",
+                                   tmp_path / "ev/q2ar/val.json",
                                    split="val", setting="full", schedule="half", dataset="synthetic")
     assert q2ar["num_examples"] == 2 and q2ar["value"] in (0.0, 50.0, 100.0)
     timings["vcr"] = time.perf_counter() - start
@@ -589,16 +598,14 @@ def test_tiny_finetune_and_evaluate_every_task(world, tmp_path):
     _finetune(world, "refcoco", tmp_path / "ft/refcoco_again")
     assert (tmp_path / "ft/refcoco/metrics.jsonl").read_text().splitlines()[0].split('"elapsed_s"')[0] == \
         (tmp_path / "ft/refcoco_again/metrics.jsonl").read_text().splitlines()[0].split('"elapsed_s"')[0]
-    targets = [EvalTarget(f"refcoco_{track}", split, tmp_path / f"ev/refcoco_{track}/{split}.json",
-                          tmp_path / f"ev/refcoco_{track}/{split}.predictions.json")
-               for track in ("gt", "det") for split in ("val", "testA", "testB")]
-    evaluate(tmp_path / "ft/refcoco", targets, setting="full", schedule="half", sources=sources["refcoco"],
-             model_cfg=MODEL_CFG, dataset="synthetic",
-             rois_paths=[root / f"rois/refcoco/{s}.parquet" for s in ("val", "testA", "testB")])
-    for target in targets:
-        result = _check_eval(target.json_path, target.eval_task, "accuracy@0.5", target.split, 2)
-        predictions = json.loads(target.predictions_path.read_text())
-        candidates = BOXES if target.eval_task == "refcoco_gt" else DETECTED
+    targets = [(f"refcoco_{track}", split) for track in ("gt", "det") for split in ("val", "testA", "testB")]
+    _evaluate(tmp_path / "ft/refcoco", targets, tmp_path / "ev/refcoco-run", sources["refcoco"],
+              [root / f"rois/refcoco/{s}.parquet" for s in ("val", "testA", "testB")])
+    for eval_task, split in targets:
+        result = _check_eval(tmp_path / f"ev/refcoco-run/{eval_task}/{split}.json", eval_task, "accuracy@0.5",
+                             split, 2)
+        predictions = json.loads(Path(result["predictions"]).read_text())
+        candidates = BOXES if eval_task == "refcoco_gt" else DETECTED
         for p in predictions:
             assert p["box"] in [list(map(float, b)) for b in candidates]
         assert result["value"] == pytest.approx(50.0 * sum(p["correct"] for p in predictions))
@@ -619,8 +626,7 @@ def test_tiny_finetune_and_evaluate_every_task(world, tmp_path):
     assert torch.equal(before["body.conv1.weight"], after["body.conv1.weight"])
 
     with pytest.raises(ValueError, match="needs a vqa model"):
-        evaluate(tmp_path / "ft/refcoco", [EvalTarget("vqa", "val", tmp_path / "x.json", tmp_path / "y.json")],
-                 setting="full", schedule="half", sources=sources["vqa"], model_cfg=MODEL_CFG, dataset="synthetic")
+        predict_splits(tmp_path / "ft/refcoco", [("vqa", "val")], sources=sources["vqa"], model_cfg=MODEL_CFG)
 
 
 # ---------------------------------------------------------------- the Snakemake entry points
@@ -659,13 +665,37 @@ def test_vcr_q2ar_script_needs_no_torch(tmp_path):
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
 
 
-def test_evaluate_script_targets_follow_the_output_order():
-    eval_targets = _script("evaluate").eval_targets
-    jsons = [f"{t}/{s}.json" for t in ("gt", "det") for s in ("val", "testA", "testB")]
-    preds = [j.replace(".json", ".predictions.json") for j in jsons]
-    targets = eval_targets("refcoco", ["val", "testA", "testB"], jsons, preds)
-    assert [(t.eval_task, t.split, str(t.json_path)) for t in targets][::3] == \
-        [("refcoco_gt", "val", "gt/val.json"), ("refcoco_det", "val", "det/val.json")]
-    assert [t.eval_task for t in eval_targets("refcoco_det", ["testB"], ["x.json"], ["y.json"])] == ["refcoco_det"]
-    with pytest.raises(ValueError, match="6 .* pairs .* but 1 eval JSONs"):
-        eval_targets("refcoco", ["val", "testA", "testB"], ["x.json"], ["y.json"])
+def test_scoring_rejects_missing_or_duplicate_predictions(world, tmp_path):
+    from vlbert_core.tasks.scoring import evaluate_predictions
+
+    _, sources = world
+    humans_questions = [1000, 1001, 2000]
+
+    def bundle(rows):
+        (tmp_path / "b.json").write_text(json.dumps({"model_dir": "m", "predictions": {"vqa/val": rows}}))
+        return tmp_path / "b.json"
+
+    def run(rows):
+        return evaluate_predictions("vqa", "val", bundle(rows), sources["vqa"], tmp_path / "e.json",
+                                    tmp_path / "p.json", setting="a", schedule="half", dataset="synthetic")
+
+    rows = [{"question_id": q, "answer": "2"} for q in humans_questions]
+    result = run(rows)
+    assert result["num_examples"] == 3 and json.loads((tmp_path / "p.json").read_text()) == rows
+    with pytest.raises(ValueError, match="1 question_ids missing"):
+        run(rows[:2])
+    with pytest.raises(ValueError, match="predicted twice"):
+        run(rows + rows[:1])
+    (tmp_path / "empty.json").write_text(json.dumps({"model_dir": "m", "predictions": {}}))
+    with pytest.raises(ValueError, match="has no entry 'vqa/val'"):
+        evaluate_predictions("vqa", "val", tmp_path / "empty.json", sources["vqa"], tmp_path / "e.json",
+                             tmp_path / "p.json", setting="a", schedule="half", dataset="synthetic")
+
+
+def test_evaluate_script_needs_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, runpy; runpy.run_path('workflow/scripts/evaluate.py', run_name='not_main'); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

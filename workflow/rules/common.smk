@@ -87,8 +87,19 @@ def task_rois(task, splits):
     return [f"results/rois/{dataset}/{split}.parquet" for split in splits]
 
 
-def finetune_outputs(task, setting, schedule):
-    return f"results/finetune/{task}/{setting}/{schedule}/model.safetensors"
+def finetune_predictions(task, setting, schedule):
+    return f"results/finetune/{task}/{setting}/{schedule}/predictions.json"
+
+
+def eval_splits(task):
+    """The held-out splits a fine-tuned model predicts (VQA's val stands in for test-dev)."""
+    return REFCOCO_EVAL_SPLITS if task == "refcoco" else ["val"]
+
+
+def eval_targets(task):
+    """(eval task, split) pairs a fine-tune job predicts; RefCOCO+ on both region tracks."""
+    eval_tasks = ["refcoco_gt", "refcoco_det"] if task == "refcoco" else [task]
+    return [[eval_task, split] for eval_task in eval_tasks for split in eval_splits(task)]
 
 
 def eval_json(eval_task, setting, schedule, split):

@@ -1,10 +1,12 @@
-# Official metrics on held-out splits; every eval JSON names its predictions file.
+# Official metrics on held-out splits, from the fine-tune jobs' predictions and the datasets' own
+# annotation files (torch-free, like an evaluation server). Every eval JSON names its predictions file.
 
 
 rule evaluate:
     input:
-        model=lambda wc: finetune_outputs(eval_to_finetune_task(wc.eval_task), wc.setting, wc.schedule),
-        rois=lambda wc: task_rois(wc.eval_task, [wc.split]) if wc.eval_task != "refcoco_gt" else [],
+        predictions=lambda wc: finetune_predictions(
+            eval_to_finetune_task(wc.eval_task), wc.setting, wc.schedule
+        ),
         annotations=lambda wc: source_files(
             finetune_dataset(eval_to_finetune_task(wc.eval_task)), [wc.split]
         ),
@@ -17,10 +19,7 @@ rule evaluate:
         setting=lambda wc: wc.setting,
         schedule=lambda wc: wc.schedule,
         sources=lambda wc: config["sources"][finetune_dataset(eval_to_finetune_task(wc.eval_task))],
-        model=config["model"],
         dataset=config["dataset"],
-        seed=config["seed"],
-        device=config["device"],
     log:
         "logs/evaluate/{eval_task}/{setting}/{schedule}/{split}.log",
     benchmark:
@@ -29,9 +28,8 @@ rule evaluate:
         split="val|testA|testB",
     threads: 1
     resources:
-        mem_mb=4000,
-        runtime=120,
-        gpu=1 if config["device"] == "cuda" else 0,
+        mem_mb=2000,
+        runtime=30,
     script:
         "../scripts/evaluate.py"
 

@@ -1,20 +1,21 @@
 # Fine-tune every pre-trained model on VCR (Q→A, QA→R), VQA v2 and RefCOCO+.
-# Schedule `full` is Tables 1–3; `half` (0.5× epochs) is Table 4.
-
-
-def finetune_train_splits(task):
-    return ["train"]
+# Schedule `full` is Tables 1–3; `half` (0.5× epochs) is Table 4. After training, the job predicts
+# the task's held-out splits while the model is in memory; `evaluate` scores those predictions.
 
 
 rule finetune:
     input:
         pretrained="results/pretrain/{setting}/model.safetensors",
-        rois=lambda wc: task_rois(wc.finetune_task, finetune_train_splits(wc.finetune_task)),
-        annotations=lambda wc: source_files(finetune_dataset(wc.finetune_task), ["train"]),
+        rois=lambda wc: task_rois(wc.finetune_task, ["train"]),
+        eval_rois=lambda wc: task_rois(wc.finetune_task, eval_splits(wc.finetune_task)),
+        annotations=lambda wc: source_files(
+            finetune_dataset(wc.finetune_task), ["train"] + eval_splits(wc.finetune_task)
+        ),
     output:
         model="results/finetune/{finetune_task}/{setting}/{schedule}/model.safetensors",
         config="results/finetune/{finetune_task}/{setting}/{schedule}/config.json",
         metrics="results/finetune/{finetune_task}/{setting}/{schedule}/metrics.jsonl",
+        predictions="results/finetune/{finetune_task}/{setting}/{schedule}/predictions.json",
     params:
         task=lambda wc: wc.finetune_task,
         setting=lambda wc: wc.setting,
@@ -24,6 +25,7 @@ rule finetune:
         tune_frcnn=config["finetune"]["tune_frcnn"],
         model=config["model"],
         sources=lambda wc: config["sources"][finetune_dataset(wc.finetune_task)],
+        eval_targets=lambda wc: eval_targets(wc.finetune_task),
         seed=config["seed"],
         device=config["device"],
     log:

@@ -1,7 +1,9 @@
-"""Snakemake entry point: fine-tune one pre-trained VL-BERT on one task (VCR, VQA or RefCOCO+)."""
+"""Snakemake entry point: fine-tune one pre-trained VL-BERT on one task (VCR, VQA or RefCOCO+),
+then predict its held-out splits while the model is in memory (the `evaluate` jobs score them)."""
 
 from pathlib import Path
 
+from vlbert_core.tasks.evaluate import predict_splits, write_prediction_bundle
 from vlbert_core.tasks.finetune import finetune
 from vlbert_core.utils import set_threads, setup_logging
 
@@ -10,7 +12,7 @@ def main(smk) -> None:
     setup_logging(smk.log[0])
     set_threads(smk.threads)
     out_dir = Path(smk.output.model).parent
-    for name in ("config", "metrics"):
+    for name in ("config", "metrics", "predictions"):
         if Path(getattr(smk.output, name)).parent != out_dir:
             raise ValueError(f"output {name} must sit next to output model in {out_dir}")
     finetune(
@@ -28,6 +30,16 @@ def main(smk) -> None:
         seed=int(smk.params.seed),
         device=smk.params.device,
     )
+    bundle = predict_splits(
+        out_dir,
+        [tuple(target) for target in smk.params.eval_targets],
+        sources=dict(smk.params.sources),
+        model_cfg=dict(smk.params.model),
+        rois_paths=list(smk.input.eval_rois),
+        seed=int(smk.params.seed),
+        device=smk.params.device,
+    )
+    write_prediction_bundle(bundle, smk.output.predictions, model_dir=out_dir)
 
 
 if __name__ == "__main__":  # under Snakemake's script: directive `snakemake` is a global

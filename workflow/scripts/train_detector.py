@@ -1,0 +1,22 @@
+"""Snakemake entry point: train the detector on the world's COCO-style annotations."""
+
+from vlbert_core.detector import train_detector
+from vlbert_core.utils import set_threads, setup_logging
+
+
+def main(smk) -> None:
+    setup_logging(smk.log[0])
+    set_threads(smk.threads)
+    train_detector(
+        cfg=smk.params.detector,
+        annotations_train=smk.input.train,
+        annotations_val=smk.input.val,
+        images_dir=smk.params.images,
+        out_model=smk.output.model,
+        out_metrics=smk.output.metrics,
+        seed=int(smk.params.seed),
+    )
+
+
+if __name__ == "__main__":  # under Snakemake's script: directive `snakemake` is a global
+    main(snakemake)  # noqa: F821
