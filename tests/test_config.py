@@ -24,6 +24,16 @@ def test_default_config_is_valid_and_gets_defaults():
     assert config["finetune"]["vqa"]["momentum"] == 0.9
 
 
+def merged(override: dict) -> dict:
+    """config.yaml with `override` merged in, the way Snakemake merges a --configfile."""
+    def merge(base, extra):
+        for key, value in extra.items():
+            base[key] = merge(base.get(key, {}), value) if isinstance(value, dict) else value
+        return base
+
+    return merge(load("config.yaml"), override)
+
+
 @pytest.mark.parametrize(
     "override, key",
     [
@@ -35,15 +45,21 @@ def test_default_config_is_valid_and_gets_defaults():
         ({"unknown_section": 1}, "unknown_section"),
     ],
 )
-def test_bad_value_fails_before_any_job_with_the_key_named(tmp_path, override, key):
-    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(override))
+def test_bad_value_is_rejected_with_the_key_named(override, key):
+    with pytest.raises(Exception) as err:
+        validate(merged(override), SCHEMA)
+    assert key in str(err.value)
+
+
+def test_bad_value_fails_before_any_job_runs(tmp_path):
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"finetune": {"vqa": {"lr": -0.1}}}))
     proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-n", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
-         "--configfile", str(tmp_path / "bad.yaml"), "--cores", "1"],
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
+         "--configfile", str(tmp_path / "bad.yaml"), "--cores", "1", "results/tables/table4_ablation.csv"],
         capture_output=True, text=True, timeout=120,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "Error validating config file" in out
-    assert key in out
+    assert "['finetune']['vqa']['lr']" in out
     assert not (tmp_path / "resources").exists() and not (tmp_path / "results").exists()
