@@ -41,6 +41,20 @@ class VLBertBatch:
         return self.input_ids.shape[0]
 
 
+def fit_image(img: Image.Image, max_side: int) -> tuple[Image.Image, float]:
+    """Scale so the longer side is exactly `max_side`, up or down; returns the image and the factor.
+
+    The visual network is initialised from the detector, so it must see objects at the scale the
+    detector was trained at: like the detector's own transform, small images are enlarged too.
+    Boxes in original pixels are multiplied by the same factor.
+    """
+    w, h = img.size
+    scale = max_side / max(w, h)
+    if scale != 1.0:
+        img = img.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.BILINEAR)
+    return img, scale
+
+
 def image_to_tensor(img: Image.Image) -> torch.Tensor:
     """RGB image -> Float [3, H, W] normalised with the ImageNet mean/std (as the detector saw it)."""
     array = np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0

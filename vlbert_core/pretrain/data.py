@@ -23,6 +23,7 @@ import webdataset as wds
 from PIL import Image
 
 from vlbert_core.model import VLBertBatch, build_input_sequence, collate_samples, image_to_tensor
+from vlbert_core.model.batch import fit_image
 from vlbert_core.model.inputs import boxes_with_whole_image
 from vlbert_core.utils import get_logger
 
@@ -119,15 +120,6 @@ def text_chunks(line_ids: list[list[int]], max_tokens: int) -> list[list[int]]:
     if current:
         chunks.append(current)
     return chunks
-
-
-def fit_image(img: Image.Image, max_side: int) -> tuple[Image.Image, float]:
-    """Shrink so the longer side is at most max_side (never enlarge); returns the image and the factor."""
-    w, h = img.size
-    scale = min(1.0, max_side / max(w, h))
-    if scale < 1.0:
-        img = img.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.BILINEAR)
-    return img, scale
 
 
 def sample_rng(seed: int, rank: int, stream: int, epoch: int, index: int, sub: int = 0) -> np.random.Generator:

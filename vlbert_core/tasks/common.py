@@ -11,17 +11,17 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from vlbert_core.model.batch import fit_image
 from vlbert_core.utils import get_logger
 
 log = get_logger(__name__)
 
 
 def load_task_image(path: str | os.PathLike, max_side: int) -> tuple[Image.Image, float, tuple[int, int]]:
-    """Open an image as RGB, shrunk so that its longer side is at most `max_side`.
+    """Open an image as RGB, scaled so that its longer side is `max_side` (`model.batch.fit_image`).
 
     Returns the image, the factor applied to it and the original (width, height); boxes given in
-    original pixels must be multiplied by the same factor (`scale_boxes`). Images already small enough are left as they
-    are (factor 1.0): upscaling would only cost compute and invent no detail.
+    original pixels must be multiplied by the same factor (`scale_boxes`).
     """
     path = Path(path)
     if not path.is_file():
@@ -31,12 +31,9 @@ def load_task_image(path: str | os.PathLike, max_side: int) -> tuple[Image.Image
             img = raw.convert("RGB")
     except OSError as exc:
         raise ValueError(f"task image {path} cannot be decoded: {exc}") from exc
-    w, h = img.size
-    scale = min(1.0, float(max_side) / max(w, h))
-    if scale < 1.0:
-        new_size = (max(1, round(w * scale)), max(1, round(h * scale)))
-        img = img.resize(new_size, Image.BILINEAR)
-    return img, scale, (w, h)
+    original = img.size
+    img, scale = fit_image(img, int(max_side))
+    return img, scale, original
 
 
 def scale_boxes(boxes: np.ndarray, scale: float) -> np.ndarray:

@@ -1,0 +1,474 @@
+"""Detector stage: RoI selection rule, AP metric, C4 backbone, extraction to parquet, training."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import tarfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageDraw
+from torchvision.ops import box_iou
+
+from vlbert_core.detector import (
+    average_precision,
+    build_detector,
+    build_resnet_c4,
+    detect_rois,
+    evaluate_ap50,
+    extract_rois_to_parquet,
+    load_detector,
+    read_cc_shard,
+    read_rois,
+    select_rois,
+    train_detector,
+    visual_state_dict,
+)
+from vlbert_core.detector.extract import decode_image
+from vlbert_core.detector.metrics import ImageDetections, ImageGroundTruth
+from vlbert_core.detector.train import load_coco_split
+
+torch.set_num_threads(1)
+
+TINY_CFG = {
+    "backbone": {"stage_widths": [8, 8, 16, 16], "blocks_per_stage": [1, 1, 1, 1], "block": "basic"},
+    "min_size": 64,
+    "max_size": 64,
+    "rpn_post_nms_train": 32,
+    "rpn_post_nms_test": 8,
+    "box_batch_size_per_image": 16,
+    "train": {"steps": 3, "batch_size": 2, "lr": 0.01, "weight_decay": 0.0001},
+}
+SHAPE_COLOURS = {1: (220, 30, 30), 2: (30, 200, 40), 3: (40, 60, 230)}
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def grid_boxes(n: int, size: float = 10.0, step: float = 20.0) -> torch.Tensor:
+    """n disjoint boxes on a grid, so NMS between them never fires."""
+    cols = int(np.ceil(np.sqrt(n)))
+    out = [[(i % cols) * step, (i // cols) * step, (i % cols) * step + size, (i // cols) * step + size] for i in range(n)]
+    return torch.tensor(out, dtype=torch.float32)
+
+
+def scores_from_fg(fg: torch.Tensor) -> torch.Tensor:
+    """[P, K] foreground scores -> [P, K+1] rows with background taking the remainder."""
+    return torch.cat([1.0 - fg.sum(1, keepdim=True), fg], dim=1)
+
+
+def reference_select(boxes_per_class, class_scores, score_threshold, min_boxes, max_boxes, nms_iou):
+    """Direct, slow statement of the rule: greedy per-class NMS over every candidate."""
+    num_p, num_k = boxes_per_class.shape[:2]
+    cands = [(float(class_scores[p, k + 1]), p, k) for p in range(num_p) for k in range(num_k)]
+    ranked = sorted(range(len(cands)), key=lambda i: (-cands[i][0], i))
+    survivors = []
+    for i in ranked:
+        _, p, k = cands[i]
+        box = boxes_per_class[p, k][None]
+        if all(not (cands[j][2] == k and box_iou(box, boxes_per_class[cands[j][1], k][None]).item() > nms_iou)
+               for j in survivors):
+            survivors.append(i)
+    passing = [i for i in survivors if cands[i][0] > score_threshold]
+    if len(passing) >= min_boxes:
+        chosen = passing[:max_boxes]
+    else:
+        chosen = survivors[:min_boxes]
+        if len(chosen) < min_boxes:
+            chosen += [i for i in ranked if i not in survivors][: min_boxes - len(chosen)]
+        chosen = sorted(chosen, key=ranked.index)
+    return [(cands[i][1], cands[i][2] + 1) for i in chosen]
+
+
+def draw_scene(rng: np.random.Generator, size: int = 64, max_objects: int = 3):
+    """A noisy background with 1..max_objects filled shapes; returns (PIL image, [(x1,y1,x2,y2,label)])."""
+    background = rng.integers(90, 160, size=(size, size, 3), dtype=np.uint8)
+    image = Image.fromarray(background)
+    draw = ImageDraw.Draw(image)
+    objects = []
+    for _ in range(int(rng.integers(1, max_objects + 1))):
+        label = int(rng.integers(1, 4))
+        w, h = (int(v) for v in rng.integers(size // 5, size // 2, size=2))
+        x1, y1 = int(rng.integers(0, size - w)), int(rng.integers(0, size - h))
+        box = (x1, y1, x1 + w, y1 + h)
+        if label == 2:
+            draw.ellipse(box, fill=SHAPE_COLOURS[label])
+        else:
+            draw.rectangle((x1, y1, x1 + w - 1, y1 + h - 1), fill=SHAPE_COLOURS[label])
+        objects.append((*box, label))
+    return image, objects
+
+
+def write_coco_world(root, split: str, num_images: int, seed: int) -> str:
+    rng = np.random.default_rng(seed)
+    images_dir = root / "images"
+    images_dir.mkdir(exist_ok=True)
+    coco = {"images": [], "annotations": [],
+            "categories": [{"id": 1, "name": "box"}, {"id": 2, "name": "ball"}, {"id": 3, "name": "tile"}]}
+    for i in range(num_images):
+        image, objects = draw_scene(rng)
+        file_name = f"{split}_{i:04d}.jpg"
+        image.save(images_dir / file_name, quality=92)
+        coco["images"].append({"id": i, "file_name": file_name, "width": 64, "height": 64})
+        for x1, y1, x2, y2, label in objects:
+            coco["annotations"].append({"id": len(coco["annotations"]), "image_id": i, "category_id": label,
+                                        "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1),
+                                        "iscrowd": 0})
+    path = root / f"instances_{split}.json"
+    path.write_text(json.dumps(coco))
+    return str(path)
+
+
+def jpeg_bytes(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def tiny_detector():
+    torch.manual_seed(0)
+    return build_detector(TINY_CFG, num_classes=3).eval()
+
+
+# ---------------------------------------------------------------- selection rule
+
+
+def test_all_low_scores_give_exactly_min_boxes():
+    fg = torch.full((30, 3), 0.1) + torch.linspace(0, 0.1, 90).reshape(30, 3)
+    boxes = grid_boxes(30)[:, None, :].expand(30, 3, 4).clone()
+    boxes[:, 1] += 200  # classes 1..3 at distinct places; only same-class overlap could suppress
+    boxes[:, 2] += 400
+    out = select_rois(boxes, scores_from_fg(fg), score_threshold=0.5, min_boxes=10, max_boxes=100, nms_iou=0.3)
+    assert len(out) == 10
+    assert torch.all(out.scores < 0.5)
+    assert torch.all(out.scores[:-1] >= out.scores[1:])
+    assert torch.allclose(out.scores, torch.sort(fg.reshape(-1), descending=True).values[:10])
+
+
+def test_more_than_max_passing_gives_exactly_max_boxes():
+    num = 150
+    fg = torch.zeros(num, 2)
+    fg[:, 0] = torch.linspace(0.6, 0.95, num)
+    out = select_rois(grid_boxes(num)[:, None, :].repeat(1, 2, 1), scores_from_fg(fg),
+                      score_threshold=0.5, min_boxes=10, max_boxes=100, nms_iou=0.3)
+    assert len(out) == 100
+    assert torch.allclose(out.scores, torch.sort(fg[:, 0], descending=True).values[:100])
+    assert torch.all(out.class_ids == 1)
+
+
+def test_passing_boxes_between_min_and_max_are_all_kept_and_only_they():
+    fg = torch.zeros(40, 1)
+    fg[:25, 0] = 0.8
+    fg[25:, 0] = 0.3
+    out = select_rois(grid_boxes(40)[:, None, :], scores_from_fg(fg), score_threshold=0.5, min_boxes=10,
+                      max_boxes=100, nms_iou=0.3)
+    assert len(out) == 25 and torch.all(out.scores > 0.5)
+
+
+def test_nms_suppresses_same_class_overlaps_but_not_cross_class():
+    box = torch.tensor([10.0, 10.0, 40.0, 40.0])
+    boxes = box.expand(3, 2, 4).clone()
+    # proposals 0 and 1 both say class 1 on the same box; proposal 2 says class 2 on it
+    scores = torch.tensor([[0.1, 0.8, 0.1], [0.2, 0.7, 0.1], [0.1, 0.2, 0.7]])
+    out = select_rois(boxes, scores, score_threshold=0.5, min_boxes=1, max_boxes=100, nms_iou=0.3)
+    assert out.class_ids.tolist() == [1, 2]
+    assert torch.allclose(out.scores, torch.tensor([0.8, 0.7]))
+    # the two class-1 candidates at IoU 0.5 < nms_iou=0.6 both survive
+    shifted = boxes.clone()
+    shifted[1] = torch.tensor([10.0, 20.0, 40.0, 50.0])  # IoU with box = 20*30 / (2*900 - 600) = 0.5
+    out = select_rois(shifted, scores, score_threshold=0.5, min_boxes=1, max_boxes=100, nms_iou=0.6)
+    assert out.class_ids.tolist() == [1, 1, 2]  # the 0.7 tie goes to the lower proposal index
+
+
+def test_too_few_survivors_are_topped_up_with_suppressed_candidates_by_score():
+    boxes = torch.tensor([5.0, 5.0, 30.0, 30.0]).expand(6, 1, 4).clone()
+    fg = torch.tensor([[0.3], [0.9], [0.2], [0.6], [0.4], [0.1]])
+    out = select_rois(boxes, scores_from_fg(fg), score_threshold=0.5, min_boxes=4, max_boxes=100, nms_iou=0.3)
+    assert torch.allclose(out.scores, torch.tensor([0.9, 0.6, 0.4, 0.3]))
+    # fewer candidates than min_boxes: all of them
+    out = select_rois(boxes[:3], scores_from_fg(fg[:3]), score_threshold=0.5, min_boxes=10, max_boxes=100, nms_iou=0.3)
+    assert len(out) == 3
+
+
+def test_ties_are_broken_by_proposal_then_class():
+    boxes = grid_boxes(4)[:, None, :].repeat(1, 3, 1)
+    boxes[:, 1] += 100
+    boxes[:, 2] += 200
+    fg = torch.full((4, 3), 0.25)
+    out = select_rois(boxes, scores_from_fg(fg), score_threshold=0.5, min_boxes=5, max_boxes=100, nms_iou=0.3)
+    expected = [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2)]
+    assert out.class_ids.tolist() == [k for _, k in expected]
+    assert torch.equal(out.boxes, torch.stack([boxes[p, k - 1] for p, k in expected]))
+    again = select_rois(boxes, scores_from_fg(fg), score_threshold=0.5, min_boxes=5, max_boxes=100, nms_iou=0.3)
+    assert torch.equal(out.boxes, again.boxes)
+
+
+def test_class_scores_of_the_proposal_are_carried_through():
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(20, 5, generator=gen) * 3
+    scores = logits.softmax(-1)
+    boxes = grid_boxes(20)[:, None, :].repeat(1, 4, 1) + torch.arange(4).view(1, 4, 1) * 500.0
+    out = select_rois(boxes, scores, score_threshold=0.5, min_boxes=10, max_boxes=100, nms_iou=0.3)
+    for box, cls, score, row in zip(out.boxes, out.class_ids, out.scores, out.class_scores):
+        proposal = int(((boxes[:, cls - 1] == box).all(1)).nonzero()[0])
+        assert torch.equal(row, scores[proposal])
+        assert row[cls] == score
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_selection_matches_reference_rule_on_random_overlapping_detections(seed):
+    gen = torch.Generator().manual_seed(seed)
+    num_p, num_k = 40, 4
+    xy = torch.rand(num_p, num_k, 2, generator=gen) * 60
+    wh = torch.rand(num_p, num_k, 2, generator=gen) * 40 + 5
+    boxes = torch.cat([xy, xy + wh], dim=-1)
+    scores = (torch.randn(num_p, num_k + 1, generator=gen) * (2.5 if seed % 2 else 0.7)).softmax(-1)
+    # quantised scores create ties, which the reference breaks by (proposal, class) order
+    scores = torch.round(scores * 20) / 20
+    kwargs = {"score_threshold": 0.5, "min_boxes": 10, "max_boxes": 12, "nms_iou": 0.3}
+    out = select_rois(boxes, scores, **kwargs)
+    expected = reference_select(boxes, scores, **kwargs)
+    got = [(int(((boxes[:, k - 1] == b).all(1)).nonzero()[0]), int(k)) for b, k in zip(out.boxes, out.class_ids)]
+    assert got == expected
+    assert 10 <= len(out) <= 12
+
+
+def test_select_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="class_scores must be"):
+        select_rois(torch.zeros(3, 2, 4), torch.zeros(3, 2), nms_iou=0.3)
+
+
+# ---------------------------------------------------------------- AP metric
+
+
+def test_average_precision_known_values():
+    assert average_precision([True, True], 2) == pytest.approx(1.0)
+    assert average_precision([True], 2) == pytest.approx(0.5)  # one of two objects missed
+    assert average_precision([False, True], 1) == pytest.approx(0.5)  # false positive ranked first
+    assert average_precision([True, False, True], 3) == pytest.approx(1 / 3 + (1 / 3) * (2 / 3))
+    assert average_precision([], 4) == 0.0
+
+
+def test_evaluate_ap50_perfect_and_one_miss():
+    gt = [ImageGroundTruth(np.array([[0, 0, 10, 10], [20, 20, 40, 40]], float), np.array([1, 2])),
+          ImageGroundTruth(np.array([[5, 5, 25, 25]], float), np.array([1]))]
+    perfect = [ImageDetections(np.array([[0, 0, 10, 10], [20, 20, 40, 40]], float), np.array([0.9, 0.8]), np.array([1, 2])),
+               ImageDetections(np.array([[6, 5, 25, 26]], float), np.array([0.7]), np.array([1]))]
+    result = evaluate_ap50(perfect, gt, num_classes=3)
+    assert result["ap50"] == pytest.approx(1.0)
+    assert result["per_class"] == {1: pytest.approx(1.0), 2: pytest.approx(1.0), 3: None}
+    # miss the class-1 object of image 2, and hit class 2 only with a shifted box at IoU < 0.5
+    missed = [ImageDetections(np.array([[0, 0, 10, 10], [30, 30, 50, 50]], float), np.array([0.9, 0.8]), np.array([1, 2])),
+              ImageDetections(np.zeros((0, 4)), np.zeros(0), np.zeros(0, int))]
+    result = evaluate_ap50(missed, gt, num_classes=3)
+    assert result["per_class"][1] == pytest.approx(0.5)
+    assert result["per_class"][2] == pytest.approx(0.0)
+    assert result["ap50"] == pytest.approx(0.25)
+    # a duplicate detection of a matched object is a false positive
+    duplicate = [ImageDetections(np.array([[0, 0, 10, 10], [0, 0, 10, 10]], float), np.array([0.9, 0.95]), np.array([1, 1])),
+                 ImageDetections(np.array([[5, 5, 25, 25]], float), np.array([0.5]), np.array([1]))]
+    assert evaluate_ap50(duplicate, gt, num_classes=1)["per_class"][1] == pytest.approx(1 / 2 + (1 / 2) * (2 / 3))
+
+
+# ---------------------------------------------------------------- backbone
+
+
+def test_resnet_c4_strides_and_visual_state_dict(tiny_detector):
+    body, head, body_out, head_out = build_resnet_c4(TINY_CFG["backbone"])
+    feature = body(torch.rand(2, 3, 64, 96))
+    assert feature.shape == (2, body_out, 4, 6)  # stride 16
+    assert head(torch.rand(5, body_out, 14, 14)).shape == (5, head_out)
+    parts = visual_state_dict(tiny_detector.state_dict())
+    body.load_state_dict(parts["body"])
+    head.load_state_dict(parts["head"])
+    body.eval()
+    head.eval()
+    x = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.allclose(body(x), tiny_detector.backbone(x))
+        rois = torch.rand(3, body_out, 14, 14)
+        assert torch.allclose(head(rois), tiny_detector.roi_heads.box_head(rois))
+
+
+def test_resnet_c4_torchvision_depth_has_standard_widths():
+    body, head, body_out, head_out = build_resnet_c4({"depth": 18})
+    assert (body_out, head_out) == (256, 512)
+    assert list(dict(body.named_children())) == ["conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3"]
+    with pytest.raises(ValueError, match="depth"):
+        build_resnet_c4({"depth": 17})
+
+
+# ---------------------------------------------------------------- extraction
+
+
+def test_detect_rois_gives_bounded_boxes_inside_the_image(tiny_detector):
+    rng = np.random.default_rng(0)
+    square, _ = draw_scene(rng)
+    wide = square.resize((80, 48))
+    images = [torch.from_numpy(np.array(im)).permute(2, 0, 1).float() / 255 for im in (square, wide)]
+    kwargs = {"score_threshold": 0.5, "min_boxes": 10, "max_boxes": 100, "nms_iou": 0.3}
+    results = detect_rois(tiny_detector, images, kwargs)
+    assert len(results) == 2
+    for sel, img in zip(results, images):
+        height, width = img.shape[-2:]
+        assert 10 <= len(sel) <= 100
+        assert torch.all(sel.boxes[:, 0] >= 0) and torch.all(sel.boxes[:, 2] <= width + 1e-3)
+        assert torch.all(sel.boxes[:, 1] >= 0) and torch.all(sel.boxes[:, 3] <= height + 1e-3)
+        assert torch.all(sel.boxes[:, 2] >= sel.boxes[:, 0]) and torch.all(sel.boxes[:, 3] >= sel.boxes[:, 1])
+        assert sel.class_scores.shape == (len(sel), 4)
+        assert torch.allclose(sel.class_scores.sum(1), torch.ones(len(sel)), atol=1e-5)
+        assert torch.all(sel.scores[:-1] >= sel.scores[1:])
+        assert torch.allclose(sel.class_scores.gather(1, sel.class_ids[:, None])[:, 0], sel.scores)
+    assert tiny_detector.training is False
+
+
+def test_parquet_round_trip_with_a_corrupt_image(tiny_detector, tmp_path):
+    rng = np.random.default_rng(1)
+    good, _ = draw_scene(rng)
+    other, _ = draw_scene(rng)
+    other_path = tmp_path / "other.png"
+    other.save(other_path)
+    truncated = jpeg_bytes(good)[:200]
+    samples = [("a", jpeg_bytes(good)), ("broken", b"this is not an image"), ("c", str(other_path)),
+               ("cut", truncated), ("gone", str(tmp_path / "missing.jpg"))]
+    kwargs = {"score_threshold": 0.5, "min_boxes": 10, "max_boxes": 100, "nms_iou": 0.3}
+    out = tmp_path / "rois" / "shard.parquet"
+    counts = extract_rois_to_parquet(tiny_detector, samples, out, batch_size=2, select_kwargs=kwargs, num_workers=0)
+    assert counts == {"rows": 5, "ok": 2, "failed": 3}
+    records = read_rois(out)
+    assert list(records) == ["a", "broken", "c", "cut", "gone"]
+    assert records["broken"].status == "decode_error" and "UnidentifiedImageError" in records["broken"].error
+    assert records["cut"].status == "decode_error"
+    assert records["gone"].status == "missing_file"
+    assert records["broken"].boxes.shape == (0, 4) and records["broken"].image_w is None
+    expected = detect_rois(tiny_detector, [decode_image(samples[0][1]).float() / 255], kwargs)[0]
+    rec = records["a"]
+    assert rec.ok and (rec.image_w, rec.image_h) == (64, 64) and rec.num_classes == 4
+    assert rec.boxes.shape == (len(expected), 4) and rec.class_scores.shape == (len(expected), 4)
+    np.testing.assert_allclose(rec.boxes, expected.boxes.numpy(), atol=1e-4)
+    np.testing.assert_allclose(rec.scores, expected.scores.numpy(), atol=1e-5)
+    np.testing.assert_array_equal(rec.class_ids, expected.class_ids.numpy())
+    np.testing.assert_allclose(rec.class_scores, expected.class_scores.numpy(), atol=1e-3)  # float16
+    assert not list(out.parent.glob(".tmp-*"))
+
+
+def test_extraction_with_a_decoding_worker_matches_in_process_decoding(tiny_detector, tmp_path):
+    rng = np.random.default_rng(2)
+    samples = [(f"k{i}", jpeg_bytes(draw_scene(rng)[0])) for i in range(3)] + [("bad", b"")]
+    kwargs = {"score_threshold": 0.5, "min_boxes": 10, "max_boxes": 100, "nms_iou": 0.3}
+    extract_rois_to_parquet(tiny_detector, samples, tmp_path / "w0.parquet", 2, kwargs, num_workers=0)
+    extract_rois_to_parquet(tiny_detector, samples, tmp_path / "w1.parquet", 2, kwargs, num_workers=1)
+    in_process, in_worker = read_rois(tmp_path / "w0.parquet"), read_rois(tmp_path / "w1.parquet")
+    assert list(in_process) == list(in_worker) == ["k0", "k1", "k2", "bad"]
+    for key in in_process:
+        assert in_process[key].status == in_worker[key].status
+        np.testing.assert_array_equal(in_process[key].boxes, in_worker[key].boxes)
+
+
+def test_read_cc_shard_yields_images_in_order_and_rejects_imageless_samples(tmp_path):
+    def add(tar, name, data):
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+
+    image = jpeg_bytes(Image.new("RGB", (16, 8), (10, 20, 30)))
+    good = tmp_path / "train-00000.tar"
+    with tarfile.open(good, "w") as tar:
+        for key in ("000000001", "000000002"):
+            add(tar, f"{key}.jpg", image)
+            add(tar, f"{key}.txt", b"a caption")
+            add(tar, f"{key}.json", b"{}")
+    assert [(k, len(v)) for k, v in read_cc_shard(good)] == [("000000001", len(image)), ("000000002", len(image))]
+    bad = tmp_path / "bad.tar"
+    with tarfile.open(bad, "w") as tar:
+        add(tar, "000000003.txt", b"caption without image")
+    with pytest.raises(ValueError, match="000000003.*no image"):
+        list(read_cc_shard(bad))
+
+
+# ---------------------------------------------------------------- training
+
+
+def test_train_detector_writes_loadable_model_and_metrics(tmp_path):
+    train_json = write_coco_world(tmp_path, "train", 6, seed=0)
+    val_json = write_coco_world(tmp_path, "val", 4, seed=1)
+    metrics = train_detector(TINY_CFG, train_json, val_json, tmp_path / "images", tmp_path / "det" / "model.pt",
+                             tmp_path / "det" / "metrics.json", seed=0)
+    saved = json.loads((tmp_path / "det" / "metrics.json").read_text())
+    assert saved["steps"] == 3 and saved["num_images"] == 4
+    assert set(saved["per_class"]) <= {"box", "ball", "tile"}
+    assert saved["ap50"] is None or 0.0 <= saved["ap50"] <= 1.0
+    assert metrics["ap50"] == saved["ap50"]
+    model, meta = load_detector(tmp_path / "det" / "model.pt")
+    assert meta["num_classes"] == 3 and [c["name"] for c in meta["categories"]] == ["box", "ball", "tile"]
+    assert not model.training
+    # same seed, same weights
+    train_detector(TINY_CFG, train_json, val_json, tmp_path / "images", tmp_path / "det2" / "model.pt",
+                   tmp_path / "det2" / "metrics.json", seed=0)
+    again, _ = load_detector(tmp_path / "det2" / "model.pt")
+    for (name, a), b in zip(model.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_coco_loader_names_file_and_annotation_on_bad_input(tmp_path):
+    path = write_coco_world(tmp_path, "train", 2, seed=0)
+    coco = json.loads(open(path).read())
+    coco["annotations"][0]["category_id"] = 99
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(coco))
+    with pytest.raises(ValueError, match=r"bad\.json: annotations\[0\].*unknown category_id 99"):
+        load_coco_split(bad, tmp_path / "images")
+    coco["annotations"][0]["category_id"] = 1
+    coco["annotations"][0]["bbox"] = [10, 10, 0, 5]
+    bad.write_text(json.dumps(coco))
+    with pytest.raises(ValueError, match=r"annotations\[0\].*empty or outside"):
+        load_coco_split(bad, tmp_path / "images")
+
+
+# ---------------------------------------------------------------- Snakemake scripts
+
+
+def _load_script(name: str):
+    path = Path(__file__).resolve().parents[1] / "workflow" / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"script_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_scripts_train_then_extract_a_shard(tmp_path):
+    train_json = write_coco_world(tmp_path, "train", 4, seed=0)
+    val_json = write_coco_world(tmp_path, "val", 2, seed=1)
+    model_path = tmp_path / "detector" / "model.pt"
+    _load_script("train_detector").main(SimpleNamespace(
+        input=SimpleNamespace(train=train_json, val=val_json),
+        output=SimpleNamespace(model=str(model_path), metrics=str(tmp_path / "detector" / "metrics.json")),
+        params=SimpleNamespace(detector=TINY_CFG, seed=0, images=str(tmp_path / "images")),
+        threads=1, log=[str(tmp_path / "logs" / "train.log")],
+    ))
+    assert model_path.exists() and "val AP@0.5" in (tmp_path / "logs" / "train.log").read_text()
+
+    rng = np.random.default_rng(5)
+    tar_path = tmp_path / "train-00000.tar"
+    with tarfile.open(tar_path, "w") as tar:
+        for key in ("000000000", "000000001", "000000002"):
+            data = jpeg_bytes(draw_scene(rng)[0]) if key != "000000001" else b"\xff\xd8 broken jpeg"
+            info = tarfile.TarInfo(f"{key}.jpg")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    out = tmp_path / "rois" / "train-00000.parquet"
+    rois_cfg = {"score_threshold": 0.5, "min_boxes": 10, "max_boxes": 100, "nms_iou": 0.3, "batch_size": 2}
+    _load_script("extract_rois").main(SimpleNamespace(
+        input=SimpleNamespace(tar=str(tar_path), model=str(model_path)),
+        output=SimpleNamespace(parquet=str(out)),
+        params=SimpleNamespace(rois=rois_cfg), threads=1, log=[str(tmp_path / "logs" / "rois.log")],
+    ))
+    records = read_rois(out)
+    assert [r.status for r in records.values()] == ["ok", "decode_error", "ok"]
+    assert all(10 <= len(r.scores) <= 100 for r in records.values() if r.ok)

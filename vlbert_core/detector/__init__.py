@@ -1,0 +1,35 @@
+"""The R-C4 Faster R-CNN detector, its training, and the RoI selection and extraction."""
+
+from .extract import RoIRecord, detect_rois, extract_rois_to_parquet, read_cc_shard, read_rois, selection_kwargs
+from .faster_rcnn import build_detector
+from .metrics import average_precision, evaluate_ap50
+from .resnet_c4 import (
+    DETECTOR_BODY_PREFIX,
+    DETECTOR_HEAD_PREFIX,
+    ResNetC4Config,
+    build_resnet_c4,
+    visual_state_dict,
+)
+from .select import SelectedRoIs, select_rois
+from .train import load_detector, train_detector
+
+__all__ = [
+    "DETECTOR_BODY_PREFIX",
+    "DETECTOR_HEAD_PREFIX",
+    "ResNetC4Config",
+    "RoIRecord",
+    "SelectedRoIs",
+    "average_precision",
+    "build_detector",
+    "build_resnet_c4",
+    "detect_rois",
+    "evaluate_ap50",
+    "extract_rois_to_parquet",
+    "load_detector",
+    "read_cc_shard",
+    "read_rois",
+    "select_rois",
+    "selection_kwargs",
+    "train_detector",
+    "visual_state_dict",
+]

@@ -1,0 +1,183 @@
+"""ResNet-C4 split into a stride-16 body (stem + stages 2-4) and a per-RoI head (stage 5 + pool).
+
+The same builder serves the Faster R-CNN detector and the VL-BERT visual network, so the module
+names are fixed and identical for the small embedded-world ResNet and the torchvision ResNets:
+
+    body: conv1, bn1, relu, maxpool, layer1, layer2, layer3        (torchvision names)
+    head: layer4, avgpool, flatten
+
+Inside the detector (`build_detector`) the body is `model.backbone` and the head is
+`model.roi_heads.box_head`; `visual_state_dict` strips those prefixes (see DETECTOR_BODY_PREFIX and
+DETECTOR_HEAD_PREFIX) so that `body.load_state_dict(...)` / `head.load_state_dict(...)` work on a
+fresh `build_resnet_c4` pair built with the same config.
+
+BatchNorm is plain `nn.BatchNorm2d`: the detector trains it, and the VL-BERT side freezes it by
+putting the modules in eval mode and turning off their gradients.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+from torchvision.models import resnet as tv_resnet
+
+# Key prefixes of the body and head inside the detector's state dict (see faster_rcnn.py).
+DETECTOR_BODY_PREFIX = "backbone."
+DETECTOR_HEAD_PREFIX = "roi_heads.box_head."
+
+_TORCHVISION_DEPTHS = {18: tv_resnet.resnet18, 34: tv_resnet.resnet34, 50: tv_resnet.resnet50,
+                       101: tv_resnet.resnet101, 152: tv_resnet.resnet152}
+_BLOCKS = {"basic": tv_resnet.BasicBlock, "bottleneck": tv_resnet.Bottleneck}
+
+
+@dataclass
+class ResNetC4Config:
+    """Either a torchvision `depth` (18/34/50/101/152, standard widths) or explicit small widths.
+
+    stage_widths / blocks_per_stage: planes and block count of stages 2, 3, 4, 5 (the stem has
+    stage_widths[0] channels, as in torchvision where both are 64). `init_weights`: optional local
+    path to a torchvision-format ResNet state dict (ImageNet weights) loaded into body and head;
+    nothing is ever downloaded.
+    """
+
+    stage_widths: list[int] = field(default_factory=lambda: [16, 32, 64, 128])
+    blocks_per_stage: list[int] = field(default_factory=lambda: [2, 2, 2, 2])
+    block: str = "basic"
+    depth: int | None = None
+    init_weights: str | None = None
+
+    @classmethod
+    def from_dict(cls, cfg: Mapping[str, Any] | "ResNetC4Config") -> "ResNetC4Config":
+        if isinstance(cfg, ResNetC4Config):
+            return cfg
+        known = {"stage_widths", "blocks_per_stage", "block", "depth", "init_weights"}
+        unknown = set(cfg) - known
+        if unknown:
+            raise ValueError(f"detector.backbone: unknown keys {sorted(unknown)}; allowed {sorted(known)}")
+        out = cls(**{k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in cfg.items()})
+        out.validate()
+        return out
+
+    def validate(self) -> None:
+        if self.depth is not None:
+            if self.depth not in _TORCHVISION_DEPTHS:
+                raise ValueError(f"detector.backbone.depth={self.depth}: expected one of {sorted(_TORCHVISION_DEPTHS)}")
+            return
+        if self.block not in _BLOCKS:
+            raise ValueError(f"detector.backbone.block={self.block!r}: expected 'basic' or 'bottleneck'")
+        if len(self.stage_widths) != 4 or len(self.blocks_per_stage) != 4:
+            raise ValueError(
+                "detector.backbone: stage_widths and blocks_per_stage need 4 entries (stages 2-5), got "
+                f"{self.stage_widths} and {self.blocks_per_stage}"
+            )
+        if min(self.stage_widths) < 1 or min(self.blocks_per_stage) < 1:
+            raise ValueError(f"detector.backbone: widths and block counts must be >= 1, got {self}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage_widths": list(self.stage_widths), "blocks_per_stage": list(self.blocks_per_stage),
+                "block": self.block, "depth": self.depth, "init_weights": self.init_weights}
+
+
+def _make_stage(block: type[nn.Module], inplanes: int, planes: int, blocks: int, stride: int) -> tuple[nn.Sequential, int]:
+    """torchvision's ResNet._make_layer, without its hard-coded widths."""
+    out_planes = planes * block.expansion
+    downsample = None
+    if stride != 1 or inplanes != out_planes:
+        downsample = nn.Sequential(
+            nn.Conv2d(inplanes, out_planes, kernel_size=1, stride=stride, bias=False),
+            nn.BatchNorm2d(out_planes),
+        )
+    layers = [block(inplanes, planes, stride, downsample)]
+    layers += [block(out_planes, planes) for _ in range(1, blocks)]
+    return nn.Sequential(*layers), out_planes
+
+
+def _init_weights(modules: list[nn.Module]) -> None:
+    # Same scheme as torchvision's ResNet, so small and standard backbones start alike.
+    for module in modules:
+        for m in module.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.constant_(m.weight, 1)
+                nn.init.constant_(m.bias, 0)
+
+
+def build_resnet_c4(cfg: Mapping[str, Any] | ResNetC4Config) -> tuple[nn.Sequential, nn.Sequential, int, int]:
+    """Return (body, head, body_out_channels, head_out_channels).
+
+    body maps an image batch [B, 3, H, W] to the stride-16 stage-4 map [B, body_out, H/16, W/16];
+    head maps RoI features [R, body_out, S, S] (S = 14 after RoIAlign) through stage 5 (stride 2)
+    and global average pooling to [R, head_out].
+    """
+    cfg = ResNetC4Config.from_dict(cfg)
+    if cfg.depth is not None:
+        net = _TORCHVISION_DEPTHS[cfg.depth](weights=None)
+        stem = [("conv1", net.conv1), ("bn1", net.bn1), ("relu", net.relu), ("maxpool", net.maxpool)]
+        stages = [net.layer1, net.layer2, net.layer3, net.layer4]
+        body_out = _stage_out_channels(net.layer3)
+        head_out = _stage_out_channels(net.layer4)
+    else:
+        block = _BLOCKS[cfg.block]
+        stem_width = cfg.stage_widths[0]
+        stem = [
+            ("conv1", nn.Conv2d(3, stem_width, kernel_size=7, stride=2, padding=3, bias=False)),
+            ("bn1", nn.BatchNorm2d(stem_width)),
+            ("relu", nn.ReLU(inplace=True)),
+            ("maxpool", nn.MaxPool2d(kernel_size=3, stride=2, padding=1)),
+        ]
+        stages = []
+        inplanes = stem_width
+        for i, (planes, blocks) in enumerate(zip(cfg.stage_widths, cfg.blocks_per_stage)):
+            stage, inplanes = _make_stage(block, inplanes, planes, blocks, stride=1 if i == 0 else 2)
+            stages.append(stage)
+            if i == 2:
+                body_out = inplanes
+        head_out = inplanes
+        _init_weights([m for _, m in stem] + stages)
+
+    body = nn.Sequential(OrderedDict(stem + [("layer1", stages[0]), ("layer2", stages[1]), ("layer3", stages[2])]))
+    head = nn.Sequential(OrderedDict([("layer4", stages[3]), ("avgpool", nn.AdaptiveAvgPool2d(1)),
+                                      ("flatten", nn.Flatten(1))]))
+    if cfg.init_weights:
+        load_torchvision_resnet_weights(body, head, cfg.init_weights)
+    return body, head, body_out, head_out
+
+
+def _stage_out_channels(stage: nn.Sequential) -> int:
+    last = stage[-1]
+    final_bn = last.bn3 if hasattr(last, "bn3") else last.bn2
+    return final_bn.num_features
+
+
+def load_torchvision_resnet_weights(body: nn.Module, head: nn.Module, path: str | Path) -> None:
+    """Load a torchvision-format ResNet state dict (conv1.*, bn1.*, layer1-4.*; fc.* ignored)."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and "state_dict" in state:
+        state = state["state_dict"]
+    body_sd = {k: v for k, v in state.items() if not k.startswith(("layer4.", "fc."))}
+    head_sd = {k: v for k, v in state.items() if k.startswith("layer4.")}
+    missing_body, unexpected_body = body.load_state_dict(body_sd, strict=False)
+    missing_head, unexpected_head = head.load_state_dict(head_sd, strict=False)
+    if missing_body or unexpected_body or missing_head or unexpected_head:
+        raise ValueError(
+            f"{path}: ResNet weights do not fit the configured backbone: missing "
+            f"{sorted(missing_body + missing_head)[:8]}, unexpected {sorted(unexpected_body + unexpected_head)[:8]}"
+        )
+
+
+def visual_state_dict(detector_state_dict: Mapping[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    """Split a detector state dict into {"body": ..., "head": ...} for `build_resnet_c4` modules."""
+    body = {k[len(DETECTOR_BODY_PREFIX):]: v for k, v in detector_state_dict.items() if k.startswith(DETECTOR_BODY_PREFIX)}
+    head = {k[len(DETECTOR_HEAD_PREFIX):]: v for k, v in detector_state_dict.items() if k.startswith(DETECTOR_HEAD_PREFIX)}
+    if not body or not head:
+        raise ValueError(
+            f"detector state dict has no '{DETECTOR_BODY_PREFIX}*' or '{DETECTOR_HEAD_PREFIX}*' entries "
+            f"(found {len(body)} body and {len(head)} head keys)"
+        )
+    return {"body": body, "head": head}

@@ -1,0 +1,240 @@
+"""Train the Faster R-CNN on COCO-style instances on the CPU, evaluate AP@0.5, save and load it."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torchvision.models.detection import FasterRCNN
+from tqdm import tqdm
+
+from ..utils import atomic_path, get_logger, seed_everything
+from .extract import decode_image
+from .faster_rcnn import build_detector
+from .metrics import ImageDetections, ImageGroundTruth, evaluate_ap50
+
+log = get_logger(__name__)
+
+MOMENTUM = 0.9
+WARMUP_START_FACTOR = 1.0 / 3.0  # Detectron's linear warm-up starts at lr / 3
+DEFAULT_DECAY_AT = (0.75, 0.9)  # fractions of the run where the lr drops by 10x
+
+
+@dataclass
+class DetectionImage:
+    file_name: str
+    image: torch.Tensor  # [3, H, W] uint8
+    boxes: torch.Tensor  # [G, 4] float32 x1,y1,x2,y2
+    labels: torch.Tensor  # [G] int64 in 1..K
+
+
+def load_coco_split(annotations_path: str | os.PathLike, images_dir: str | os.PathLike,
+                    categories: list[dict] | None = None) -> tuple[list[dict], list[DetectionImage]]:
+    """Read a COCO instances file and its images.
+
+    Categories are mapped to detector labels 1..K in ascending category-id order (0 is
+    background). Pass the training split's categories when reading another split: they must
+    agree. Crowd annotations are skipped; every other annotation must have a known category and a
+    positive-size bbox inside its image.
+    """
+    path = Path(annotations_path)
+    with open(path) as f:
+        coco = json.load(f)
+    for key in ("images", "annotations", "categories"):
+        if key not in coco:
+            raise ValueError(f"{path}: COCO instances file lacks '{key}'")
+    file_categories = sorted(({"id": int(c["id"]), "name": str(c["name"])} for c in coco["categories"]),
+                             key=lambda c: c["id"])
+    if categories is not None and file_categories != categories:
+        raise ValueError(f"{path}: categories {file_categories} differ from the training split's {categories}")
+    label_of = {c["id"]: i + 1 for i, c in enumerate(file_categories)}
+
+    images_by_id: dict[int, dict] = {}
+    for i, img in enumerate(coco["images"]):
+        for key in ("id", "file_name", "width", "height"):
+            if key not in img:
+                raise ValueError(f"{path}: images[{i}] lacks '{key}'")
+        if img["id"] in images_by_id:
+            raise ValueError(f"{path}: images[{i}] repeats image id {img['id']}")
+        images_by_id[img["id"]] = img
+    boxes_by_image: dict[int, list] = {image_id: [] for image_id in images_by_id}
+    labels_by_image: dict[int, list] = {image_id: [] for image_id in images_by_id}
+    for i, ann in enumerate(coco["annotations"]):
+        where = f"{path}: annotations[{i}] (id {ann.get('id')})"
+        if ann.get("iscrowd", 0):
+            continue
+        if ann.get("image_id") not in images_by_id:
+            raise ValueError(f"{where}: unknown image_id {ann.get('image_id')}")
+        if ann.get("category_id") not in label_of:
+            raise ValueError(f"{where}: unknown category_id {ann.get('category_id')}")
+        img = images_by_id[ann["image_id"]]
+        x, y, w, h = (float(v) for v in ann["bbox"])
+        if w <= 0 or h <= 0 or x < -1 or y < -1 or x + w > img["width"] + 1 or y + h > img["height"] + 1:
+            raise ValueError(f"{where}: bbox {ann['bbox']} is empty or outside the {img['width']}x{img['height']} image")
+        boxes_by_image[img["id"]].append([x, y, x + w, y + h])
+        labels_by_image[img["id"]].append(label_of[ann["category_id"]])
+
+    images_dir = Path(images_dir)
+    out = []
+    for image_id, img in tqdm(images_by_id.items(), desc=f"load {path.name}", unit="img"):
+        file_path = images_dir / img["file_name"]
+        try:
+            pixels = decode_image(file_path)
+        except Exception as exc:
+            raise ValueError(f"{path}: image {image_id} ({file_path}) cannot be read: {exc}") from exc
+        if tuple(pixels.shape[-2:]) != (img["height"], img["width"]):
+            raise ValueError(f"{path}: image {image_id} ({file_path}) is {pixels.shape[-1]}x{pixels.shape[-2]}, "
+                             f"annotated as {img['width']}x{img['height']}")
+        out.append(DetectionImage(
+            file_name=img["file_name"],
+            image=pixels,
+            boxes=torch.tensor(boxes_by_image[image_id], dtype=torch.float32).reshape(-1, 4),
+            labels=torch.tensor(labels_by_image[image_id], dtype=torch.int64),
+        ))
+    log.info("%s: %d images, %d boxes, %d categories", path, len(out),
+             sum(len(d.labels) for d in out), len(file_categories))
+    return file_categories, out
+
+
+def _hflip(image: torch.Tensor, boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    width = image.shape[-1]
+    flipped = boxes.clone()
+    flipped[:, 0] = width - boxes[:, 2]
+    flipped[:, 2] = width - boxes[:, 0]
+    return image.flip(-1), flipped
+
+
+def _lr_factor(step: int, steps: int, warmup_steps: int, decay_at: tuple[float, ...]) -> float:
+    factor = 0.1 ** sum(step >= int(frac * steps) for frac in decay_at)
+    if step < warmup_steps:
+        alpha = step / warmup_steps
+        factor *= WARMUP_START_FACTOR * (1 - alpha) + alpha
+    return factor
+
+
+def evaluate_detector(model: FasterRCNN, data: list[DetectionImage], num_classes: int, batch_size: int = 16) -> dict:
+    """AP@0.5 of the model's standard detections (score > box_score_thresh, per-class NMS)."""
+    model.eval()
+    detections, truths = [], []
+    with torch.inference_mode():
+        for start in tqdm(range(0, len(data), batch_size), desc="eval", unit="batch"):
+            chunk = data[start:start + batch_size]
+            outputs = model([d.image.float().div(255.0) for d in chunk])
+            for d, out in zip(chunk, outputs):
+                detections.append(ImageDetections(out["boxes"].numpy(), out["scores"].numpy(), out["labels"].numpy()))
+                truths.append(ImageGroundTruth(d.boxes.numpy(), d.labels.numpy()))
+    return evaluate_ap50(detections, truths, num_classes)
+
+
+def train_detector(
+    cfg: Mapping[str, Any],
+    annotations_train: str | os.PathLike,
+    annotations_val: str | os.PathLike,
+    images_dir: str | os.PathLike,
+    out_model: str | os.PathLike,
+    out_metrics: str | os.PathLike,
+    seed: int,
+) -> dict:
+    """Train on the train split, report AP@0.5 on val, write the model (torch.save) and metrics JSON.
+
+    cfg is the config's `detector:` section; training settings come from cfg['train']: steps,
+    batch_size, lr, weight_decay, and optionally warmup_steps (default min(100, steps // 10)),
+    decay_at (fractions of steps where lr drops 10x, default [0.75, 0.9]), clip_grad (default 10).
+    SGD with momentum 0.9 and horizontal-flip augmentation.
+    """
+    seed_everything(seed)
+    train_cfg = dict(cfg["train"])
+    steps = int(train_cfg["steps"])
+    batch_size = int(train_cfg["batch_size"])
+    warmup_steps = int(train_cfg.get("warmup_steps", min(100, steps // 10)))
+    decay_at = tuple(float(f) for f in train_cfg.get("decay_at", DEFAULT_DECAY_AT))
+    clip_grad = float(train_cfg.get("clip_grad", 10.0))
+
+    categories, train_data = load_coco_split(annotations_train, images_dir)
+    _, val_data = load_coco_split(annotations_val, images_dir, categories)
+    if not train_data:
+        raise ValueError(f"{annotations_train}: no training images")
+    num_classes = len(categories)
+    model = build_detector(cfg, num_classes)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(params, lr=float(train_cfg["lr"]), momentum=MOMENTUM,
+                                weight_decay=float(train_cfg["weight_decay"]))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, steps, warmup_steps, decay_at))
+
+    generator = torch.Generator().manual_seed(seed)
+    order: list[int] = []
+    model.train()
+    started = time.time()
+    running: dict[str, float] = {}
+    progress = tqdm(range(steps), desc="detector", unit="step")
+    for step in progress:
+        batch_images, batch_targets = [], []
+        for _ in range(batch_size):
+            if not order:
+                order = torch.randperm(len(train_data), generator=generator).tolist()
+            item = train_data[order.pop()]
+            image, boxes = item.image, item.boxes
+            if torch.rand((), generator=generator).item() < 0.5:
+                image, boxes = _hflip(image, boxes)
+            batch_images.append(image.float().div(255.0))
+            batch_targets.append({"boxes": boxes, "labels": item.labels})
+        losses = model(batch_images, batch_targets)
+        loss = sum(losses.values())
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"detector training diverged at step {step}: losses {({k: float(v) for k, v in losses.items()})}")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, clip_grad)
+        optimizer.step()
+        scheduler.step()
+        for k, v in losses.items():
+            value = v.item()
+            running[k] = 0.9 * running.get(k, value) + 0.1 * value
+        progress.set_postfix(loss=f"{sum(running.values()):.3f}", lr=f"{scheduler.get_last_lr()[0]:.4f}")
+        if step % 50 == 0 or step == steps - 1:
+            log.info("step %d/%d lr %.5f %s", step + 1, steps, scheduler.get_last_lr()[0],
+                     " ".join(f"{k}={v:.3f}" for k, v in running.items()))
+    train_seconds = time.time() - started
+
+    result = evaluate_detector(model, val_data, num_classes)
+    per_class = {categories[cls - 1]["name"]: ap for cls, ap in result["per_class"].items()}
+    metrics = {
+        "ap50": result["ap50"],
+        "per_class": per_class,
+        "num_images": len(val_data),
+        "num_train_images": len(train_data),
+        "steps": steps,
+        "train_seconds": round(train_seconds, 1),
+        "final_losses": {k: round(v, 4) for k, v in running.items()},
+    }
+    log.info("val AP@0.5 = %s over %d images (%.0f s of training)", result["ap50"], len(val_data), train_seconds)
+
+    checkpoint = {"config": dict(cfg), "categories": categories, "num_classes": num_classes,
+                  "state_dict": model.state_dict()}
+    with atomic_path(out_model) as tmp:
+        torch.save(checkpoint, tmp)
+    with atomic_path(out_metrics) as tmp:
+        tmp.write_text(json.dumps(metrics, indent=2) + "\n")
+    return metrics
+
+
+def load_detector(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> tuple[FasterRCNN, dict]:
+    """Load a detector saved by train_detector; returns (model in eval mode, meta without state_dict)."""
+    checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    for key in ("config", "categories", "num_classes", "state_dict"):
+        if key not in checkpoint:
+            raise ValueError(f"{path}: detector checkpoint lacks '{key}'")
+    config = dict(checkpoint["config"])
+    # The trained state dict replaces any ImageNet initialisation, which need not exist here.
+    config["backbone"] = {k: v for k, v in dict(config["backbone"]).items() if k != "init_weights"}
+    model = build_detector(config, int(checkpoint["num_classes"]))
+    model.load_state_dict(checkpoint["state_dict"])
+    model.eval()
+    meta = {k: v for k, v in checkpoint.items() if k != "state_dict"}
+    return model, meta
