@@ -1,6 +1,17 @@
 # Helpers shared by the rule modules: which files exist for this config, and the params each job
 # depends on. Keeping these in one place is what makes `params:` invalidate exactly the right jobs.
 
+import json
+
+
+def stable(section):
+    """A config section as a job param, keys sorted at every level.
+
+    Snakemake re-runs a job when the text of its params changes; sorting makes that text depend on
+    the values only, so reordering keys in a YAML file re-runs nothing.
+    """
+    return json.loads(json.dumps(section, sort_keys=True))
+
 
 # The Table 4 columns and the finetune/eval task behind each one.
 TABLE4_EVALS = {

@@ -12,8 +12,8 @@ rule download_cc:
         split=lambda wc: wc.split,
         shard=lambda wc: int(wc.shard),
         num_shards=lambda wc: config["cc"]["num_shards"][wc.split],
-        resize=config["cc"]["resize"],
-        download=config["cc"]["download"],
+        resize=stable(config["cc"]["resize"]),
+        download=stable(config["cc"]["download"]),
     log:
         "logs/download_cc/{split}-{shard}.log",
     benchmark:

@@ -18,7 +18,7 @@ rule evaluate:
         split=lambda wc: wc.split,
         setting=lambda wc: wc.setting,
         schedule=lambda wc: wc.schedule,
-        sources=lambda wc: config["sources"][finetune_dataset(eval_to_finetune_task(wc.eval_task))],
+        sources=lambda wc: stable(config["sources"][finetune_dataset(eval_to_finetune_task(wc.eval_task))]),
         dataset=config["dataset"],
     log:
         "logs/evaluate/{eval_task}/{setting}/{schedule}/{split}.log",

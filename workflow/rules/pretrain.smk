@@ -13,8 +13,8 @@ rule pretrain:
         metrics="results/pretrain/{setting}/metrics.jsonl",
     params:
         setting=lambda wc: wc.setting,
-        model=config["model"],
-        pretrain={k: v for k, v in config["pretrain"].items() if k != "settings"},
+        model=stable(config["model"]),
+        pretrain=stable({k: v for k, v in config["pretrain"].items() if k != "settings"}),
         seed=config["seed"],
         device=config["device"],
     log:

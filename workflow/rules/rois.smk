@@ -1,5 +1,14 @@
 # The ResNet-C4 Faster R-CNN and the per-image RoIs (DESIGN §4: score > 0.5, 10..100 boxes).
 
+from snakemake.exceptions import WorkflowError
+
+if config["detector"]["weights"]:
+    raise WorkflowError(
+        f"detector.weights = {config['detector']['weights']!r}: loading published detector weights "
+        "is not built yet; set detector.weights to null to train the detector on the data's "
+        "COCO-style annotations (rule train_detector)"
+    )
+
 
 rule train_detector:
     input:
@@ -9,7 +18,7 @@ rule train_detector:
         model="results/detector/model.pt",
         metrics="results/detector/metrics.json",
     params:
-        detector=config["detector"],
+        detector=stable(config["detector"]),
         images=config["sources"]["detector"]["images"],
         seed=config["seed"],
     log:
@@ -32,7 +41,7 @@ rule extract_rois:
     output:
         parquet="results/rois/cc/{split}-{shard}.parquet",
     params:
-        rois=config["rois"],
+        rois=stable(config["rois"]),
         device=config["device"],
     log:
         "logs/extract_rois/cc/{split}-{shard}.log",
@@ -56,8 +65,8 @@ rule extract_task_rois:
     params:
         dataset=lambda wc: wc.dataset,
         split=lambda wc: wc.split,
-        sources=lambda wc: config["sources"][wc.dataset],
-        rois=config["rois"],
+        sources=lambda wc: stable(config["sources"][wc.dataset]),
+        rois=stable(config["rois"]),
         device=config["device"],
     log:
         "logs/extract_rois/{dataset}/{split}.log",

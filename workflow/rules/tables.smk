@@ -12,7 +12,7 @@ rule tables:
     params:
         dataset=config["dataset"],
         settings=config["pretrain"]["settings"],
-        model=config["model"],
+        model=stable(config["model"]),
     log:
         "logs/tables.log",
     threads: 1

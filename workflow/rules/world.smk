@@ -19,8 +19,8 @@ if config["dataset"] == "synthetic":
             world_outputs(),
             summary="resources/synthetic/world.json",
         params:
-            world=config["world"],
-            sources=config["sources"],
+            world=stable(config["world"]),
+            sources=stable(config["sources"]),
             seed=config["seed"],
         log:
             "logs/world.log",
