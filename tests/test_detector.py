@@ -467,7 +467,7 @@ def test_scripts_train_then_extract_a_shard(tmp_path):
     _load_script("extract_rois").main(SimpleNamespace(
         input=SimpleNamespace(tar=str(tar_path), model=str(model_path)),
         output=SimpleNamespace(parquet=str(out)),
-        params=SimpleNamespace(rois=rois_cfg), threads=1, log=[str(tmp_path / "logs" / "rois.log")],
+        params=SimpleNamespace(rois=rois_cfg, device="cpu"), threads=1, log=[str(tmp_path / "logs" / "rois.log")],
     ))
     records = read_rois(out)
     assert [r.status for r in records.values()] == ["ok", "decode_error", "ok"]

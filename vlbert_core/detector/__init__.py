@@ -1,6 +1,14 @@
 """The R-C4 Faster R-CNN detector, its training, and the RoI selection and extraction."""
 
-from .extract import RoIRecord, detect_rois, extract_rois_to_parquet, read_cc_shard, read_rois, selection_kwargs
+from .extract import (
+    RoIRecord,
+    detect_rois,
+    extract_rois_to_parquet,
+    extract_rois_with_detector,
+    read_cc_shard,
+    read_rois,
+    selection_kwargs,
+)
 from .faster_rcnn import build_detector
 from .metrics import average_precision, evaluate_ap50
 from .resnet_c4 import (
@@ -14,6 +22,7 @@ from .select import SelectedRoIs, select_rois
 from .train import load_detector, train_detector
 
 __all__ = [
+    "extract_rois_with_detector",
     "DETECTOR_BODY_PREFIX",
     "DETECTOR_HEAD_PREFIX",
     "ResNetC4Config",

@@ -292,3 +292,20 @@ def read_rois(parquet: str | os.PathLike) -> dict[str, RoIRecord]:
             class_scores=class_scores.reshape(n, c), num_classes=c,
         )
     return records
+
+
+def extract_rois_with_detector(model_path: str | os.PathLike, samples: Iterable[tuple[str, bytes | str | os.PathLike]],
+                               out_parquet: str | os.PathLike, rois_cfg: Mapping[str, Any],
+                               device: str = "cpu") -> dict[str, int]:
+    """Load the detector checkpoint and write the RoI parquet of `samples` with the config's `rois:` rule."""
+    from .train import load_detector  # train imports this module
+
+    model, _ = load_detector(model_path, map_location=device)
+    return extract_rois_to_parquet(
+        model.to(device),
+        samples,
+        out_parquet,
+        batch_size=int(rois_cfg["batch_size"]),
+        select_kwargs=selection_kwargs(rois_cfg),
+        num_workers=int(rois_cfg.get("num_workers", 0)),
+    )

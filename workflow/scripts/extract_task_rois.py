@@ -1,6 +1,6 @@
 """Snakemake entry point: detect and select the RoIs of a task's images (VQA, RefCOCO+ detected track)."""
 
-from vlbert_core.detector import extract_rois_to_parquet, load_detector, selection_kwargs
+from vlbert_core.detector import extract_rois_with_detector
 from vlbert_core.tasks.refcoco import refcoco_image_paths
 from vlbert_core.tasks.vqa import vqa_image_paths
 from vlbert_core.utils import get_logger, set_threads, setup_logging
@@ -17,18 +17,10 @@ def task_image_paths(dataset: str, split: str, sources: dict) -> dict:
 def main(smk) -> None:
     setup_logging(smk.log[0])
     set_threads(smk.threads)
-    rois = smk.params.rois
     paths = task_image_paths(smk.params.dataset, smk.params.split, smk.params.sources)
     get_logger(__name__).info("%s/%s: %d images", smk.params.dataset, smk.params.split, len(paths))
-    model, _ = load_detector(smk.input.model, map_location=smk.params.device)
-    extract_rois_to_parquet(
-        model.to(smk.params.device),
-        sorted((key, str(path)) for key, path in paths.items()),
-        smk.output.parquet,
-        batch_size=int(rois["batch_size"]),
-        select_kwargs=selection_kwargs(rois),
-        num_workers=int(rois.get("num_workers", 0)),
-    )
+    samples = sorted((key, str(path)) for key, path in paths.items())
+    extract_rois_with_detector(smk.input.model, samples, smk.output.parquet, smk.params.rois, smk.params.device)
 
 
 if __name__ == "__main__":  # under Snakemake's script: directive `snakemake` is a global
