@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import tarfile
@@ -11,6 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from conftest import load_script
 import torch
 from PIL import Image, ImageDraw
 from torchvision.ops import box_iou
@@ -434,19 +434,11 @@ def test_coco_loader_names_file_and_annotation_on_bad_input(tmp_path):
 # ---------------------------------------------------------------- Snakemake scripts
 
 
-def _load_script(name: str):
-    path = Path(__file__).resolve().parents[1] / "workflow" / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"script_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_scripts_train_then_extract_a_shard(tmp_path):
     train_json = write_coco_world(tmp_path, "train", 4, seed=0)
     val_json = write_coco_world(tmp_path, "val", 2, seed=1)
     model_path = tmp_path / "detector" / "model.pt"
-    _load_script("train_detector").main(SimpleNamespace(
+    load_script("train_detector").main(SimpleNamespace(
         input=SimpleNamespace(train=train_json, val=val_json),
         output=SimpleNamespace(model=str(model_path), metrics=str(tmp_path / "detector" / "metrics.json")),
         params=SimpleNamespace(detector=TINY_CFG, seed=0, images=str(tmp_path / "images")),
@@ -464,7 +456,7 @@ def test_scripts_train_then_extract_a_shard(tmp_path):
             tar.addfile(info, io.BytesIO(data))
     out = tmp_path / "rois" / "train-00000.parquet"
     rois_cfg = {"score_threshold": 0.5, "min_boxes": 10, "max_boxes": 100, "nms_iou": 0.3, "batch_size": 2}
-    _load_script("extract_rois").main(SimpleNamespace(
+    load_script("extract_rois").main(SimpleNamespace(
         input=SimpleNamespace(tar=str(tar_path), model=str(model_path)),
         output=SimpleNamespace(parquet=str(out)),
         params=SimpleNamespace(rois=rois_cfg, device="cpu"), threads=1, log=[str(tmp_path / "logs" / "rois.log")],

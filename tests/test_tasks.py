@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_script
 from PIL import Image
 
 from vlbert_core.tasks import refcoco as refcoco_lib
@@ -633,16 +634,6 @@ def test_tiny_finetune_and_evaluate_every_task(world, tmp_path):
 # ---------------------------------------------------------------- the Snakemake entry points
 
 
-def _script(name: str):
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "workflow" / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"script_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_vcr_q2ar_script_needs_no_torch(tmp_path):
     import subprocess
     import sys
@@ -656,7 +647,7 @@ def test_vcr_q2ar_script_needs_no_torch(tmp_path):
                           output=SimpleNamespace(json=str(tmp_path / "eval/val.json")),
                           params=SimpleNamespace(setting="a", schedule="half", dataset="synthetic"),
                           log=[str(tmp_path / "q2ar.log")])
-    _script("vcr_q2ar").main(smk)
+    load_script("vcr_q2ar").main(smk)
     result = json.loads((tmp_path / "eval/val.json").read_text())
     assert (result["task"], result["split"], result["value"], result["num_examples"]) == ("vcr_q2ar", "val", 50.0, 2)
     # the script's imports stay torch-free
