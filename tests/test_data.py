@@ -4,14 +4,11 @@ writer, per-row accounting, and the text corpora (BooksCorpus lines, a MediaWiki
 from __future__ import annotations
 
 import bz2
-import hashlib
 import http.server
 import io
 import json
-import tarfile
 import threading
 import time
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -19,7 +16,6 @@ import webdataset
 from PIL import Image
 
 from vlbert_core.data import status as st
-from vlbert_core.data.cc import download_cc_shard
 from vlbert_core.data.downloader import USER_AGENT, Downloader
 from vlbert_core.data.pool import imap_ordered
 from vlbert_core.data.reader import count_rows, read_cc_tsv, shard_bounds, shard_rows
@@ -321,83 +317,7 @@ def test_imap_ordered_keeps_order_and_bounds_work():
     assert peak <= 3
 
 
-# -- CC shard end to end ------------------------------------------------------------------------
-
-
-def write_cc_tsv(tmp_path: Path, http_base: str) -> Path:
-    images = tmp_path / "images"
-    images.mkdir()
-    lines = []
-    for index in range(6):
-        path = images / f"img{index}.png"
-        path.write_bytes(image_bytes((100 + 10 * index, 50), (40 * index, 100, 200)))
-        lines.append(f"a picture number {index}\t{path.as_uri()}")
-    lines.insert(2, f"a dead link\t{(images / 'missing.jpg').as_uri()}")
-    lines.insert(4, "a malformed line without url")
-    lines.append(f"from the loopback server\t{http_base}/image.png")
-    lines.append(f"a web page\t{http_base}/page.html")
-    tsv = tmp_path / "Train_GCC-training.tsv"
-    tsv.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return tsv
-
-
-def test_cc_shard_is_deterministic_readable_and_accounts_every_row(tmp_path, http_base):
-    tsv = write_cc_tsv(tmp_path, http_base)
-    num_rows = count_rows(tsv)
-    assert num_rows == 10
-    outputs = []
-    for run in ("a", "b"):
-        for shard in range(2):
-            out = tmp_path / run / f"train-{shard:05d}"
-            stats = download_cc_shard(
-                tsv, shard, 2, "train", RESIZE, FAST_DOWNLOAD,
-                f"{out}.tar", f"{out}.parquet", f"{out}.stats.json",
-            )
-            assert stats["rows_in"] == stats["ok"] + stats["failed"] == 5
-            assert json.loads(Path(f"{out}.stats.json").read_text()) == stats
-            outputs.append(out)
-    for first, second in zip(outputs[:2], outputs[2:]):
-        assert Path(f"{first}.tar").read_bytes() == Path(f"{second}.tar").read_bytes()
-        with tarfile.open(f"{first}.tar") as archive:  # identical bytes not just by landing in the same second
-            members = archive.getmembers()
-        assert members and all((m.mtime, m.uid, m.gid, m.uname) == (0, 0, 0, "vlbert") for m in members)
-        assert Path(f"{first}.parquet").read_bytes() == Path(f"{second}.parquet").read_bytes()
-
-    tables = [pq.read_table(f"{out}.parquet").to_pylist() for out in outputs[:2]]
-    rows = tables[0] + tables[1]
-    assert [r["row"] for r in rows] == list(range(num_rows))
-    assert list(rows[0]) == ["row", "key", "url", "caption", "status", "error"]
-    by_row = {r["row"]: r for r in rows}
-    assert by_row[2]["status"] == st.NOT_FOUND and by_row[4]["status"] == st.MALFORMED_ROW
-    assert by_row[8]["status"] == st.OK and by_row[9]["status"] == st.NOT_AN_IMAGE
-    assert all(r["error"] for r in rows if r["status"] != st.OK)
-    ok_keys = sorted(r["key"] for r in rows if r["status"] == st.OK)
-    assert len(ok_keys) == 7
-
-    samples = []
-    for out in outputs[:2]:
-        samples += list(webdataset.WebDataset(f"{out}.tar", shardshuffle=False, empty_check=False))
-    assert sorted(s["__key__"] for s in samples) == ok_keys
-    for sample in samples:
-        meta = json.loads(sample["json"])
-        assert sample["__key__"] == f"train-{meta['row']:09d}"
-        assert by_row[meta["row"]]["url"] == meta["url"]
-        assert sample["txt"].decode() == by_row[meta["row"]]["caption"]
-        assert hashlib.sha256(sample["jpg"]).hexdigest() == meta["sha256"]
-        assert decode(sample["jpg"]).size == (meta["width"], meta["height"])
-        assert max(meta["width"], meta["height"]) == 64 and meta["original_width"] >= 100
-
-
-def test_cc_shard_with_no_image_fails_and_leaves_no_outputs(tmp_path):
-    tsv = tmp_path / "dead.tsv"
-    tsv.write_text(f"gone\t{(tmp_path / 'nothing.jpg').as_uri()}\n", encoding="utf-8")
-    with pytest.raises(RuntimeError, match="no image at all"):
-        download_cc_shard(tsv, 0, 1, "val", RESIZE, FAST_DOWNLOAD, tmp_path / "v.tar", tmp_path / "v.parquet",
-                          tmp_path / "v.stats.json")
-    assert not list(tmp_path.glob("v.*")) and not list(tmp_path.glob(".tmp-*"))
-    with pytest.raises(ValueError, match="unknown keys"):
-        download_cc_shard(tsv, 0, 1, "val", RESIZE, {**FAST_DOWNLOAD, "thread": 3}, tmp_path / "v.tar",
-                          tmp_path / "v.parquet", tmp_path / "v.stats.json")
+# -- shard writer -------------------------------------------------------------------------------
 
 
 def test_shard_writer_is_atomic(tmp_path):

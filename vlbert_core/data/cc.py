@@ -14,7 +14,8 @@ from vlbert_core.data import status as st
 from vlbert_core.data.downloader import Downloader
 from vlbert_core.data.logger import ShardAccounting, write_stats
 from vlbert_core.data.pool import imap_ordered
-from vlbert_core.data.reader import CCRow, count_rows, iter_cc_tsv, shard_bounds
+from vlbert_core.data.partition import read_shard_rows
+from vlbert_core.data.reader import CCRow
 from vlbert_core.data.resizer import ImageRejected, ResizedImage, resize_image
 from vlbert_core.data.writer import ShardWriter, cc_key, encode_json
 from vlbert_core.utils import get_logger
@@ -52,41 +53,45 @@ def make_downloader(download: Mapping[str, Any]) -> Downloader:
 
 
 def download_cc_shard(
-    tsv: str | os.PathLike,
-    shard: int,
-    num_shards: int,
+    rows_parquet: str | os.PathLike,
     split: str,
+    shard: int,
     resize: Mapping[str, Any],
     download: Mapping[str, Any],
     out_tar: str | os.PathLike,
     out_parquet: str | os.PathLike,
     out_stats: str | os.PathLike,
 ) -> dict[str, Any]:
-    """Download, resize and shard TSV rows [shard*n//S, (shard+1)*n//S) of `tsv`; return the stats.
+    """Download, resize and write the rows of `shard` (from partition_cc_tsv's parquet); return the stats.
 
     Writes `out_tar` (samples KEY.jpg / KEY.txt / KEY.json, KEY = f"{split}-{row:09d}", in row
-    order), `out_parquet` (one row per TSV row of the block: row, key, url, caption, status,
-    error) and `out_stats` (counts per status, rows_in, ok, failed). Raises when a non-empty
-    block yields no image at all, which means a broken source or network rather than dead links.
+    order), `out_parquet` (one row per TSV row of the shard: row, key, url, caption, status,
+    error) and `out_stats` (counts per status, rows_in, ok, failed). Raises when a shard fetched
+    URLs and got no image at all, which means a broken source or network rather than dead links.
     """
     if not re.fullmatch(r"[A-Za-z0-9_]+", split):
         raise ValueError(f"split name {split!r} must be letters, digits or '_' (it becomes part of sample keys)")
     resize_options = _checked_options(resize, RESIZE_REQUIRED, RESIZE_OPTIONAL, "resize")
     downloader = make_downloader(download)
 
-    num_rows = count_rows(tsv)
-    row_start, row_stop = shard_bounds(num_rows, shard, num_shards)
+    part = read_shard_rows(rows_parquet, shard)
+    if part.split != split:
+        raise ValueError(f"{rows_parquet}: holds the rows of split {part.split!r}, not {split!r}")
+    tsv, num_shards, row_start, row_stop = part.tsv, part.num_shards, part.row_start, part.row_stop
     rows_in = row_stop - row_start
     log.info(
-        "%s: shard %d/%d of split %s takes rows [%d, %d) of %d; %d download threads",
-        tsv, shard, num_shards, split, row_start, row_stop, num_rows, downloader.threads,
+        "%s: shard %d/%d of split %s takes rows [%d, %d) of %s; %d download threads",
+        rows_parquet, shard, num_shards, split, row_start, row_stop, tsv, downloader.threads,
     )
     if rows_in == 0:
-        log.warning("%s: shard %d of %d has no rows (the TSV has only %d)", tsv, shard, num_shards, num_rows)
+        log.warning("%s: shard %d of %d has no rows", tsv, shard, num_shards)
 
     def process(row: CCRow) -> _RowOutcome:
         if not row.ok:
             return _RowOutcome(row, st.MALFORMED_ROW, row.error or "malformed row", None)
+        if row.row in part.duplicate_of:
+            first = part.duplicate_of[row.row]
+            return _RowOutcome(row, st.DUPLICATE_URL, f"same URL as row {first} ({cc_key(split, first)})", None)
         fetched = downloader.fetch(row.url)
         if fetched.status != st.OK:
             return _RowOutcome(row, fetched.status, fetched.error, None)
@@ -102,7 +107,7 @@ def download_cc_shard(
     with ShardWriter(out_tar) as writer, tqdm(
         total=rows_in, desc=f"{split}-{shard:05d}", unit="row", mininterval=2.0
     ) as progress:
-        for outcome in imap_ordered(process, iter_cc_tsv(tsv, row_start, row_stop), downloader.threads):
+        for outcome in imap_ordered(process, part.rows, downloader.threads):
             row = outcome.row
             key = cc_key(split, row.row)
             if outcome.image is not None:
@@ -126,7 +131,8 @@ def download_cc_shard(
             if progress.n % 256 == 0:
                 progress.set_postfix(ok=writer.count, failed=progress.n - writer.count, refresh=False)
         stats = accounting.stats(split=split, shard=shard, num_shards=num_shards, tsv=str(tsv))
-        if rows_in > 0 and stats["ok"] == 0:
+        fetched = rows_in - stats["counts"][st.MALFORMED_ROW] - stats["counts"][st.DUPLICATE_URL]
+        if fetched > 0 and stats["ok"] == 0:
             failing = {name: count for name, count in stats["counts"].items() if count}
             raise RuntimeError(
                 f"{tsv}: shard {shard} (rows [{row_start}, {row_stop})) produced no image at all: {failing}. "

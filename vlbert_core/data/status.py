@@ -8,6 +8,7 @@ from __future__ import annotations
 
 OK = "ok"
 MALFORMED_ROW = "malformed_row"  # the TSV line itself is unusable (field count, empty field, encoding)
+DUPLICATE_URL = "duplicate_url"  # an earlier row of the same split has this URL; that row holds the image
 UNSUPPORTED_URL = "unsupported_url"  # a scheme or URL shape the downloader does not fetch
 NOT_FOUND = "not_found"  # HTTP 404/410, or a file:// path that does not exist
 HTTP_ERROR = "http_error"  # any other HTTP failure: 5xx after retries, other 4xx, redirect loops
@@ -21,6 +22,7 @@ DECODE_ERROR = "decode_error"  # an image format was recognised but the pixels w
 ALL_STATUSES: tuple[str, ...] = (
     OK,
     MALFORMED_ROW,
+    DUPLICATE_URL,
     UNSUPPORTED_URL,
     NOT_FOUND,
     HTTP_ERROR,

@@ -37,6 +37,7 @@ TABLES = expand(
 
 wildcard_constraints:
     shard=r"\d{5}",
+    split=r"[A-Za-z0-9_]+",
     setting="|".join(config["pretrain"]["settings"]),
     schedule="|".join(config["finetune"]["schedules"]),
     finetune_task="|".join(FINETUNE_TASKS),

@@ -1,9 +1,29 @@
 # Conceptual Captions images → webdataset shards (+ per-row accounting), text corpora → text shards.
 
 
-rule download_cc:
+rule partition_cc:
     input:
         tsv=lambda wc: config["sources"]["cc"][wc.split],
+    output:
+        rows="results/shards/cc/rows/{split}.parquet",
+    params:
+        split=lambda wc: wc.split,
+        num_shards=lambda wc: config["cc"]["num_shards"][wc.split],
+    log:
+        "logs/partition_cc/{split}.log",
+    benchmark:
+        "benchmarks/rules/partition_cc/{split}.tsv"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=60,
+    script:
+        "../scripts/partition_cc.py"
+
+
+rule download_cc:
+    input:
+        rows="results/shards/cc/rows/{split}.parquet",
     output:
         tar="results/shards/cc/{split}-{shard}.tar",
         parquet="results/shards/cc/{split}-{shard}.parquet",
@@ -11,7 +31,6 @@ rule download_cc:
     params:
         split=lambda wc: wc.split,
         shard=lambda wc: int(wc.shard),
-        num_shards=lambda wc: config["cc"]["num_shards"][wc.split],
         resize=stable(config["cc"]["resize"]),
         download=stable(config["cc"]["download"]),
     log:
@@ -49,3 +68,10 @@ rule shard_text:
         runtime=240,
     script:
         "../scripts/shard_text.py"
+
+
+rule shards:
+    # `snakemake shards`: the data stage alone (every CC shard of cc.splits and every text shard).
+    input:
+        [tar for split in config["cc"]["splits"] for tar in cc_shards(split)],
+        [tar for corpus in config["text"]["corpora"] for tar in text_shards(corpus)],

@@ -1,4 +1,4 @@
-"""Snakemake entry point: download, resize and shard one block of a Conceptual Captions TSV."""
+"""Snakemake entry point: download, resize and write one Conceptual Captions shard."""
 
 from vlbert_core.data import download_cc_shard
 from vlbert_core.utils import set_threads, setup_logging
@@ -8,10 +8,9 @@ def main(smk) -> None:
     setup_logging(smk.log[0])
     set_threads(smk.threads)
     download_cc_shard(
-        tsv=smk.input.tsv,
-        shard=int(smk.params.shard),
-        num_shards=int(smk.params.num_shards),
+        rows_parquet=smk.input.rows,
         split=smk.params.split,
+        shard=int(smk.params.shard),
         resize=dict(smk.params.resize),
         download=dict(smk.params.download),
         out_tar=smk.output.tar,

@@ -1,0 +1,18 @@
+"""Snakemake entry point: cut one split's Conceptual Captions TSV into its download shards."""
+
+from vlbert_core.data.partition import partition_cc_tsv
+from vlbert_core.utils import setup_logging
+
+
+def main(smk) -> None:
+    setup_logging(smk.log[0])
+    partition_cc_tsv(
+        tsv=smk.input.tsv,
+        split=smk.params.split,
+        num_shards=int(smk.params.num_shards),
+        out_rows=smk.output.rows,
+    )
+
+
+if __name__ == "__main__":  # under Snakemake's script: directive `snakemake` is a global
+    main(snakemake)  # noqa: F821
