@@ -1,5 +1,6 @@
 """The config schema fills defaults and rejects bad values, naming the key, before any job runs."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,4 +63,24 @@ def test_bad_value_fails_before_any_job_runs(tmp_path):
     assert proc.returncode != 0
     assert "Error validating config file" in out
     assert "['finetune']['vqa']['lr']" in out
+    assert not (tmp_path / "resources").exists() and not (tmp_path / "results").exists()
+
+
+def test_real_data_config_plans_fetch_and_hundreds_of_cc_shards_offline(tmp_path):
+    """config/paper_base.yaml's data stage, dry run in an empty directory: nothing is downloaded."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "-n",
+         "--configfile", str(REPO / "config" / "paper_base.yaml"), "--cores", "1", "shards"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    stats = proc.stdout.split("Job stats:", 1)[1]
+    counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", stats, re.MULTILINE)}
+    real = load("paper_base.yaml")
+    assert counts["download_cc"] == real["cc"]["num_shards"]["train"] >= 100
+    assert counts["partition_cc"] == 1 and counts["shard_text"] == 2
+    fetched = {entry["path"] for entry in real["fetch"].values()}
+    planned_fetches = set(re.findall(r"rule fetch:\n\s+output: (\S+)", proc.stdout))
+    assert planned_fetches == fetched - {real["sources"]["cc"]["val"]}  # cc.splits is [train]
+    assert counts["fetch"] == len(planned_fetches) and "world" not in counts
     assert not (tmp_path / "resources").exists() and not (tmp_path / "results").exists()

@@ -7,6 +7,7 @@ import bz2
 import http.server
 import io
 import json
+import tarfile
 import threading
 import time
 
@@ -418,6 +419,49 @@ def test_wiki_rejects_a_file_that_is_not_a_dump(tmp_path):
     with pytest.raises(ValueError, match="bad-pages-articles.xml.bz2"):
         shard_text_corpus("wiki", source, [tmp_path / "w.tar"], tmp_path / "w.parquet")
     assert not (tmp_path / "w.tar").exists()
+
+
+def test_wiki_truncated_dump_fails_clearly_and_leaves_no_outputs(tmp_path):
+    compressed = bz2.compress((WIKI_XML * 40).encode("utf-8"))
+    source = tmp_path / "enwiki-cut-pages-articles.xml.bz2"
+    source.write_bytes(compressed[: len(compressed) // 2])
+    with pytest.raises(ValueError, match=r"enwiki-cut-pages-articles.xml.bz2: the file ends in the middle .*truncated"):
+        shard_text_corpus("wiki", source, [tmp_path / "w.tar"], tmp_path / "w.parquet")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [source.name]
+
+
+def test_wiki_worker_processes_give_the_same_bytes(tmp_path):
+    source = tmp_path / "enwiki-test-pages-articles.xml.bz2"
+    source.write_bytes(bz2.compress(WIKI_XML.encode("utf-8")))
+    outputs = {}
+    for processes in (1, 2):
+        tar, accounting = tmp_path / f"w{processes}.tar", tmp_path / f"w{processes}.parquet"
+        counts = shard_text_corpus("wiki", source, [tar], accounting, processes=processes)
+        outputs[processes] = (counts, tar.read_bytes(), pq.read_table(accounting).to_pylist())
+    assert outputs[1] == outputs[2]
+
+
+def test_books_archive_is_read_without_unpacking(tmp_path):
+    archive = tmp_path / "bookcorpus.tar.bz2"
+    with tarfile.open(archive, "w:bz2") as tar:
+        for name, text in [("books_large_p1.txt", "First line here.\nSecond line here.\nThird line here.\n"),
+                           ("README", "not a book"), ("books_large_p2.txt", "Another book line.\n")]:
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    counts = shard_text_corpus("books", archive, [tmp_path / "b.tar"], tmp_path / "b.parquet", sentences_per_doc=2)
+    assert counts["kept"] == 3
+    docs = [d["txt"].decode() for d in read_text_shard(tmp_path / "b.tar")]
+    assert docs == ["First line here.\nSecond line here.\n", "Third line here.\n", "Another book line.\n"]
+    assert [r["file"] for r in pq.read_table(tmp_path / "b.parquet").to_pylist()] == [
+        "books_large_p1.txt", "books_large_p1.txt", "books_large_p2.txt"
+    ]
+    cut = tmp_path / "cut.tar.bz2"
+    cut.write_bytes(archive.read_bytes()[:-40])
+    with pytest.raises(ValueError, match="cut.tar.bz2: cannot read the archive"):
+        shard_text_corpus("books", cut, [tmp_path / "c.tar"], tmp_path / "c.parquet", sentences_per_doc=2)
+    assert not (tmp_path / "c.tar").exists() and not (tmp_path / "c.parquet").exists()
 
 
 def test_books_flat_file_becomes_documents_of_consecutive_lines(tmp_path):

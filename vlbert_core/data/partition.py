@@ -82,10 +82,20 @@ def _repeated_url_hashes(tsv: str | os.PathLike) -> tuple[int, set[int]]:
 
 
 def partition_cc_tsv(
-    tsv: str | os.PathLike, split: str, num_shards: int, out_rows: str | os.PathLike
+    tsv: str | os.PathLike,
+    split: str,
+    num_shards: int,
+    out_rows: str | os.PathLike,
+    expected_rows: int | None = None,
 ) -> dict[str, Any]:
-    """Write the rows parquet of `tsv` for `num_shards` shards; return counts for the log."""
+    """Write the rows parquet of `tsv` for `num_shards` shards; return counts for the log.
+
+    `expected_rows` (the published line count, when the config gives it) catches a truncated or
+    wrong TSV before hundreds of download jobs start on it.
+    """
     num_rows, repeated = _repeated_url_hashes(tsv)
+    if expected_rows is not None and num_rows != expected_rows:
+        raise ValueError(f"{tsv}: {num_rows} rows, but cc.expected_rows.{split} is {expected_rows}")
     first_row_of_url: dict[str, int] = {}  # only URLs whose hash repeats
     counts = {"rows": num_rows, "malformed": 0, "duplicates": 0}
     metadata = {"split": split, "tsv": str(tsv), "num_rows": num_rows, "num_shards": num_shards}

@@ -1,4 +1,35 @@
+# Raw sources → webdataset shards: `fetch` downloads the configured source files (real configs),
 # Conceptual Captions images → webdataset shards (+ per-row accounting), text corpora → text shards.
+
+import re
+
+# fetch.<name>: {url, path, bytes, checksum}; a source path that some entry fetches is made by rule fetch.
+FETCH_NAME_BY_PATH = {entry["path"]: name for name, entry in config["fetch"].items()}
+
+if FETCH_NAME_BY_PATH:
+
+    rule fetch:
+        output:
+            path="{fetched}",
+        params:
+            name=lambda wc: FETCH_NAME_BY_PATH[wc.fetched],
+            entry=lambda wc: stable(config["fetch"][FETCH_NAME_BY_PATH[wc.fetched]]),
+            timeout_s=60,
+            attempts=5,
+        log:
+            "logs/fetch/{fetched}.log",
+        benchmark:
+            "benchmarks/rules/fetch/{fetched}.tsv"
+        wildcard_constraints:
+            fetched="|".join(re.escape(path) for path in FETCH_NAME_BY_PATH),
+        threads: 1
+        resources:
+            mem_mb=1000,
+            runtime=24 * 60,
+        retries: 2  # each retry resumes from the part file
+        script:
+            "../scripts/fetch.py"
+
 
 
 rule partition_cc:
@@ -9,6 +40,7 @@ rule partition_cc:
     params:
         split=lambda wc: wc.split,
         num_shards=lambda wc: config["cc"]["num_shards"][wc.split],
+        expected_rows=lambda wc: config["cc"]["expected_rows"].get(wc.split),
     log:
         "logs/partition_cc/{split}.log",
     benchmark:
@@ -56,13 +88,14 @@ rule shard_text:
     params:
         corpus=lambda wc: wc.corpus,
         num_shards=config["text"]["num_shards"],
+        sentences_per_doc=config["text"]["sentences_per_doc"],
     log:
         "logs/shard_text/{corpus}.log",
     benchmark:
         "benchmarks/rules/shard_text/{corpus}.tsv"
     wildcard_constraints:
         corpus="books|wiki",
-    threads: 1
+    threads: config["text"]["processes"]  # worker processes stripping Wikipedia markup
     resources:
         mem_mb=4000,
         runtime=240,

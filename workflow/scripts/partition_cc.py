@@ -11,6 +11,7 @@ def main(smk) -> None:
         split=smk.params.split,
         num_shards=int(smk.params.num_shards),
         out_rows=smk.output.rows,
+        expected_rows=smk.params.expected_rows,
     )
 
 

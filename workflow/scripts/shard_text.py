@@ -3,13 +3,11 @@
 from collections.abc import Mapping
 
 from vlbert_core.data import shard_text_corpus
-from vlbert_core.data.text import DEFAULT_SENTENCES_PER_DOC
-from vlbert_core.utils import set_threads, setup_logging
+from vlbert_core.utils import setup_logging
 
 
 def main(smk) -> None:
     setup_logging(smk.log[0])
-    set_threads(smk.threads)
     corpus = smk.params.corpus
     num_shards = smk.params.num_shards
     if isinstance(num_shards, Mapping):  # text.num_shards may be given per corpus
@@ -22,7 +20,8 @@ def main(smk) -> None:
         smk.input.source,
         tars,
         smk.output.accounting,
-        sentences_per_doc=int(smk.params.get("sentences_per_doc", DEFAULT_SENTENCES_PER_DOC)),
+        sentences_per_doc=int(smk.params.sentences_per_doc),
+        processes=int(smk.threads),
     )
 
 
