@@ -13,7 +13,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 CI_CONFIG = REPO / "config" / "ci.yaml"
 TARGET = "results/tables/table4_ablation.csv"
-ALL_RULES = {"world", "download_cc", "shard_text", "train_detector", "extract_rois", "pretrain",
+REPORT = "results/report/index.html"
+ALL_RULES = {"world", "partition_cc", "download_cc", "shard_text", "train_detector", "extract_rois", "pretrain",
              "finetune", "evaluate", "tables"}
 
 
@@ -36,7 +37,7 @@ def planned_rules(dry_run_output: str) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def ci_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("ci_run")
-    proc = snakemake(workdir, "--configfile", str(CI_CONFIG), "--cores", "2", TARGET)
+    proc = snakemake(workdir, "--configfile", str(CI_CONFIG), "--cores", "2", TARGET, REPORT)
     if proc.returncode != 0:
         logs = "\n".join(f"== {p}\n{p.read_text()[-3000:]}" for p in sorted(workdir.glob("logs/**/*.log"))[-5:])
         pytest.fail(f"workflow failed:\n{proc.stderr[-6000:]}\n{logs}")
@@ -69,6 +70,16 @@ def test_all_four_tables_are_written(ci_run):
     for name in ["table1_vcr", "table2_vqa", "table3_refcoco", "table4_ablation"]:
         assert (ci_run / f"results/tables/{name}.csv").stat().st_size > 0
         assert (ci_run / f"results/tables/{name}.md").stat().st_size > 0
+
+
+def test_the_report_shows_every_plot_and_each_image_exists(ci_run):
+    from vlbert_core.report import PLOTS
+
+    report = ci_run / REPORT
+    sources = re.findall(r'<img src="([^"]+)"', report.read_text(encoding="utf-8"))
+    assert sorted(sources) == sorted(filename for filename, _ in PLOTS.values())
+    for src in sources:
+        assert (report.parent / src).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", src
 
 
 def test_second_run_has_nothing_to_do(ci_run):
