@@ -163,12 +163,12 @@ def cases(base: str) -> list[tuple[bytes, str, str | None]]:
     ]
 
 
-def run_split(tmp_path: Path, tsv: Path, num_shards: int, run: str) -> list[Path]:
+def run_split(tmp_path: Path, tsv: Path, shard_rows: int, run: str) -> list[Path]:
     rows_parquet = tmp_path / run / "rows" / "train.parquet"
     rows_parquet.parent.mkdir(parents=True)
-    partition_cc_tsv(tsv, "train", num_shards, rows_parquet)
+    summary = partition_cc_tsv(tsv, "train", shard_rows, rows_parquet)
     outs = []
-    for shard in range(num_shards):
+    for shard in range(summary["num_shards"]):
         out = tmp_path / run / f"train-{shard:05d}"
         stats = download_cc_shard(
             rows_parquet, "train", shard, RESIZE, DOWNLOAD, f"{out}.tar", f"{out}.parquet", f"{out}.stats.json"
@@ -184,7 +184,8 @@ def test_every_bad_input_is_one_accounted_row(tmp_path, server):
     tsv = tmp_path / "Train_GCC-training.tsv"
     tsv.write_bytes(b"\n".join(line for line, _, _ in table) + b"\n")
 
-    first = run_split(tmp_path, tsv, 2, "a")
+    first = run_split(tmp_path, tsv, 11, "a")
+    assert len(first) == 2
     accounting = [r for out in first for r in pq.read_table(f"{out}.parquet").to_pylist()]
     assert [r["row"] for r in accounting] == list(range(len(table))), "every TSV row exactly once, in order"
     for record, (line, status, fragment) in zip(accounting, table):
@@ -226,7 +227,7 @@ def test_every_bad_input_is_one_accounted_row(tmp_path, server):
                 assert hashlib.sha256(stored).hexdigest() == meta["sha256"]
 
     # The same TSV gives byte-identical tars, accounting and stats.
-    second = run_split(tmp_path, tsv, 2, "b")
+    second = run_split(tmp_path, tsv, 11, "b")
     for a, b in zip(first, second):
         for suffix in (".tar", ".parquet", ".stats.json"):
             assert Path(f"{a}{suffix}").read_bytes() == Path(f"{b}{suffix}").read_bytes(), suffix
@@ -249,24 +250,25 @@ def test_partition_finds_duplicates_across_shards_and_keeps_every_line(tmp_path)
     out = tmp_path / "rows.parquet"
     summary = partition_cc_tsv(tsv, "val", 3, out)
     assert summary["rows"] == 7 and summary["malformed"] == 2 and summary["duplicates"] == 2
+    assert summary["num_shards"] == 3
     shards = [read_shard_rows(out, shard) for shard in range(3)]
-    assert [(s.row_start, s.row_stop) for s in shards] == [(0, 2), (2, 4), (4, 7)]
+    assert [(s.row_start, s.row_stop) for s in shards] == [(0, 3), (3, 6), (6, 7)]
     assert [r.row for s in shards for r in s.rows] == list(range(7))
-    assert shards[1].duplicate_of == {3: 0} and shards[2].duplicate_of == {4: 0}
+    assert shards[1].duplicate_of == {3: 0, 4: 0} and shards[2].duplicate_of == {}
     assert not shards[0].rows[1].ok and "wrong field count" in shards[0].rows[1].error
     assert shards[0].split == "val" and shards[0].tsv == str(tsv)
-    with pytest.raises(ValueError, match="shard 3 does not exist"):
+    with pytest.raises(ValueError, match=r"shard 3 does not exist: 7 rows make 3 shards of 3 rows; lower cc.num_shards.val"):
         read_shard_rows(out, 3)
 
 
-def test_more_shards_than_rows_gives_empty_shards(tmp_path, server):
-    tsv = tmp_path / "tiny.tsv"
-    tsv.write_text(f"one red block\t{server}/rgb.jpg\n", encoding="utf-8")
-    outs = run_split(tmp_path, tsv, 3, "tiny")
-    counts = [json.loads(Path(f"{out}.stats.json").read_text())["rows_in"] for out in outs]
-    assert sorted(counts) == [0, 0, 1]
-    for out in outs:
-        assert len(list(webdataset.WebDataset(f"{out}.tar", shardshuffle=False, empty_check=False))) in (0, 1)
+def test_a_shard_keeps_its_rows_however_many_shards_are_used(tmp_path):
+    """Fixed-size blocks: the rows file does not depend on cc.num_shards, so adding a shard to the
+    config re-runs no other shard's download."""
+    tsv = tmp_path / "t.tsv"
+    tsv.write_text("".join(f"caption {i}\tfile:///x/{i}.jpg\n" for i in range(10)), encoding="utf-8")
+    partition_cc_tsv(tsv, "train", 4, tmp_path / "rows.parquet")
+    blocks = [[r.row for r in read_shard_rows(tmp_path / "rows.parquet", k).rows] for k in range(3)]
+    assert blocks == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
 
 
 def test_a_shard_with_no_image_fails_and_leaves_no_outputs(tmp_path):

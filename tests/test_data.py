@@ -19,7 +19,7 @@ from PIL import Image
 from vlbert_core.data import status as st
 from vlbert_core.data.downloader import USER_AGENT, Downloader
 from vlbert_core.data.pool import imap_ordered
-from vlbert_core.data.reader import count_rows, read_cc_tsv, shard_bounds, shard_rows
+from vlbert_core.data.reader import count_rows, num_shards_of, read_cc_tsv, shard_bounds
 from vlbert_core.data.resizer import ImageRejected, resize_image
 from vlbert_core.data.text import shard_text_corpus, split_sentences
 from vlbert_core.data.writer import ShardWriter
@@ -67,16 +67,11 @@ def test_reader_keeps_malformed_rows_with_their_error(tmp_path):
     assert read_cc_tsv(tsv, 2, 4) == rows[2:4]
 
 
-def test_shard_bounds_tile_all_rows():
-    for num_rows in (0, 1, 7, 100):
-        for num_shards in (1, 3, 8):
-            blocks = [shard_bounds(num_rows, shard, num_shards) for shard in range(num_shards)]
-            assert blocks[0][0] == 0 and blocks[-1][1] == num_rows
-            assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
-            assert blocks[1 % num_shards] == (num_rows // num_shards * (1 % num_shards), (1 % num_shards + 1) * num_rows // num_shards)
-    assert [r for s in range(3) for r in shard_rows(list(range(10)), s, 3)] == list(range(10))
-    with pytest.raises(ValueError, match="shard must be in"):
-        shard_bounds(10, 3, 3)
+def test_shard_bounds_are_fixed_blocks():
+    assert [shard_bounds(10, k, 4) for k in range(3)] == [(0, 4), (4, 8), (8, 10)]
+    assert num_shards_of(10, 4) == 3 and num_shards_of(8, 4) == 2 and num_shards_of(0, 4) == 0
+    with pytest.raises(ValueError, match="shard 3 does not exist: 10 rows make 3 shards of 4 rows"):
+        shard_bounds(10, 3, 4)
 
 
 # -- resizer ------------------------------------------------------------------------------------

@@ -77,14 +77,12 @@ def download_cc_shard(
     part = read_shard_rows(rows_parquet, shard)
     if part.split != split:
         raise ValueError(f"{rows_parquet}: holds the rows of split {part.split!r}, not {split!r}")
-    tsv, num_shards, row_start, row_stop = part.tsv, part.num_shards, part.row_start, part.row_stop
+    tsv, row_start, row_stop = part.tsv, part.row_start, part.row_stop
     rows_in = row_stop - row_start
     log.info(
-        "%s: shard %d/%d of split %s takes rows [%d, %d) of %s; %d download threads",
-        rows_parquet, shard, num_shards, split, row_start, row_stop, tsv, downloader.threads,
+        "%s: shard %d of split %s takes rows [%d, %d) of %s; %d download threads",
+        rows_parquet, shard, split, row_start, row_stop, tsv, downloader.threads,
     )
-    if rows_in == 0:
-        log.warning("%s: shard %d of %d has no rows", tsv, shard, num_shards)
 
     def process(row: CCRow) -> _RowOutcome:
         if not row.ok:
@@ -130,7 +128,7 @@ def download_cc_shard(
             progress.update(1)
             if progress.n % 256 == 0:
                 progress.set_postfix(ok=writer.count, failed=progress.n - writer.count, refresh=False)
-        stats = accounting.stats(split=split, shard=shard, num_shards=num_shards, tsv=str(tsv))
+        stats = accounting.stats(split=split, shard=shard, tsv=str(tsv))
         fetched = rows_in - stats["counts"][st.MALFORMED_ROW] - stats["counts"][st.DUPLICATE_URL]
         if fetched > 0 and stats["ok"] == 0:
             failing = {name: count for name, count in stats["counts"].items() if count}

@@ -5,14 +5,17 @@ of the file, parsed by the reader, with the shard that owns it and, for repeated
 that owns the URL. Each download job then reads only its own shard's row group instead of the
 whole TSV, and the shard count stays a config value, so the DAG is static.
 
-Shards own contiguous blocks of rows (reader.shard_bounds). A URL that appears on several rows is
+Shard k owns rows [k * shard_rows, (k + 1) * shard_rows) (reader.shard_bounds), whatever
+`cc.num_shards` is, so a config that adds a shard downloads only that one. The config's
+num_shards picks the first shards; the rows of the others are listed here with their shard and
+are not downloaded. A URL that appears on several rows is
 downloaded once: the first row (in file order) keeps it, and every later row is recorded by its
 download job as `duplicate_url`, naming that first row. Duplicates are found across the whole
 split, which no single shard job could do.
 
 Columns: row, shard, caption, url, error ("" for a usable line), duplicate_of (-1 unless the
 URL already appeared on an earlier usable row). The file's metadata holds the split, the TSV
-path, the number of rows and num_shards.
+path, the number of rows and shard_rows.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from vlbert_core.data.reader import CCRow, iter_cc_tsv, shard_bounds
+from vlbert_core.data.reader import CCRow, iter_cc_tsv, num_shards_of, shard_bounds
 from vlbert_core.utils import atomic_path, get_logger
 
 log = get_logger(__name__)
@@ -52,7 +55,7 @@ class ShardRows:
 
     split: str
     shard: int
-    num_shards: int
+    shard_rows: int
     row_start: int
     row_stop: int
     tsv: str
@@ -84,11 +87,11 @@ def _repeated_url_hashes(tsv: str | os.PathLike) -> tuple[int, set[int]]:
 def partition_cc_tsv(
     tsv: str | os.PathLike,
     split: str,
-    num_shards: int,
+    shard_rows: int,
     out_rows: str | os.PathLike,
     expected_rows: int | None = None,
 ) -> dict[str, Any]:
-    """Write the rows parquet of `tsv` for `num_shards` shards; return counts for the log.
+    """Write the rows parquet of `tsv` in shards of `shard_rows` rows; return counts for the log.
 
     `expected_rows` (the published line count, when the config gives it) catches a truncated or
     wrong TSV before hundreds of download jobs start on it.
@@ -98,7 +101,10 @@ def partition_cc_tsv(
         raise ValueError(f"{tsv}: {num_rows} rows, but cc.expected_rows.{split} is {expected_rows}")
     first_row_of_url: dict[str, int] = {}  # only URLs whose hash repeats
     counts = {"rows": num_rows, "malformed": 0, "duplicates": 0}
-    metadata = {"split": split, "tsv": str(tsv), "num_rows": num_rows, "num_shards": num_shards}
+    if shard_rows < 1:
+        raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
+    num_shards = num_shards_of(num_rows, shard_rows)
+    metadata = {"split": split, "tsv": str(tsv), "num_rows": num_rows, "shard_rows": shard_rows}
 
     def shard_table(shard: int, rows: list[CCRow], duplicate_of: list[int]) -> pa.Table:
         return pa.table(
@@ -117,7 +123,7 @@ def partition_cc_tsv(
     rows_iter = iter_cc_tsv(tsv)
     with atomic_path(out_rows) as tmp, pq.ParquetWriter(tmp, schema) as writer:
         for shard in range(num_shards):
-            start, stop = shard_bounds(num_rows, shard, num_shards)
+            start, stop = shard_bounds(num_rows, shard, shard_rows)
             rows: list[CCRow] = []
             duplicate_of: list[int] = []
             for _ in range(stop - start):
@@ -138,10 +144,10 @@ def partition_cc_tsv(
             # One row group per shard, so a download job reads only its own rows.
             writer.write_table(shard_table(shard, rows, duplicate_of), row_group_size=max(1, len(rows)))
     log.info(
-        "%s: %d rows into %d shards of split %s; %d malformed, %d repeat an earlier row's URL",
-        tsv, num_rows, num_shards, split, counts["malformed"], counts["duplicates"],
+        "%s: %d rows of split %s make %d shards of %d rows; %d malformed, %d repeat an earlier row's URL",
+        tsv, num_rows, split, num_shards, shard_rows, counts["malformed"], counts["duplicates"],
     )
-    return {**metadata, **counts}
+    return {**metadata, **counts, "num_shards": num_shards}
 
 
 def read_shard_rows(path: str | os.PathLike, shard: int) -> ShardRows:
@@ -152,10 +158,11 @@ def read_shard_rows(path: str | os.PathLike, shard: int) -> ShardRows:
     if raw is None:
         raise ValueError(f"{path}: not a CC rows parquet (no {_METADATA_KEY.decode()} metadata); rerun partition_cc")
     metadata = json.loads(raw)
-    num_rows, num_shards = metadata["num_rows"], metadata["num_shards"]
-    if not 0 <= shard < num_shards:
-        raise ValueError(f"{path}: shard {shard} does not exist, the file has {num_shards} shards")
-    row_start, row_stop = shard_bounds(num_rows, shard, num_shards)
+    num_rows, shard_rows = metadata["num_rows"], metadata["shard_rows"]
+    try:
+        row_start, row_stop = shard_bounds(num_rows, shard, shard_rows)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}; lower cc.num_shards.{metadata['split']}") from None
     table = pq.read_table(path, filters=pc.field("shard") == shard)
     columns = table.to_pydict()
     if columns["row"] != list(range(row_start, row_stop)):
@@ -171,7 +178,7 @@ def read_shard_rows(path: str | os.PathLike, shard: int) -> ShardRows:
     return ShardRows(
         split=metadata["split"],
         shard=shard,
-        num_shards=num_shards,
+        shard_rows=shard_rows,
         row_start=row_start,
         row_stop=row_stop,
         tsv=metadata["tsv"],

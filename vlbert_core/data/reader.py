@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator
 
 EXPECTED_FIELDS = 2  # caption, url
 
@@ -81,22 +81,25 @@ def count_rows(path: str | os.PathLike) -> int:
         return sum(1 for _ in handle)
 
 
-def shard_bounds(num_rows: int, shard: int, num_shards: int) -> tuple[int, int]:
-    """The contiguous block [start, stop) of rows that `shard` of `num_shards` owns.
+def shard_bounds(num_rows: int, shard: int, shard_rows: int) -> tuple[int, int]:
+    """The block [start, stop) of rows that `shard` owns: shard_rows rows from shard * shard_rows.
 
-    Blocks are rows [shard*n//S, (shard+1)*n//S): they tile 0..n exactly, differ in size by at
-    most one, and a shard's rows do not change when another shard's job runs.
+    Fixed-size blocks keep a shard's rows the same however many shards a config uses, so adding
+    a shard to `cc.num_shards` downloads that shard and leaves the others alone. The last block
+    of a file may be shorter; a shard past the end of the file is an error.
     """
-    if num_shards < 1:
-        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-    if not 0 <= shard < num_shards:
-        raise ValueError(f"shard must be in [0, {num_shards}), got {shard}")
+    if shard_rows < 1:
+        raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
+    available = num_shards_of(num_rows, shard_rows)
+    if not 0 <= shard < available:
+        raise ValueError(
+            f"shard {shard} does not exist: {num_rows} rows make {available} shards of {shard_rows} rows"
+        )
+    return shard * shard_rows, min((shard + 1) * shard_rows, num_rows)
+
+
+def num_shards_of(num_rows: int, shard_rows: int) -> int:
+    """How many shards of `shard_rows` rows a file of `num_rows` rows has (the last may be short)."""
     if num_rows < 0:
         raise ValueError(f"num_rows must be >= 0, got {num_rows}")
-    return shard * num_rows // num_shards, (shard + 1) * num_rows // num_shards
-
-
-def shard_rows(rows: Sequence[CCRow], shard: int, num_shards: int) -> list[CCRow]:
-    """The rows of `shard`, given all rows of the file (as `read_cc_tsv` returns them)."""
-    start, stop = shard_bounds(len(rows), shard, num_shards)
-    return list(rows[start:stop])
+    return -(-num_rows // shard_rows)

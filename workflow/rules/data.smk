@@ -39,7 +39,7 @@ rule partition_cc:
         rows="results/shards/cc/rows/{split}.parquet",
     params:
         split=lambda wc: wc.split,
-        num_shards=lambda wc: config["cc"]["num_shards"][wc.split],
+        shard_rows=config["cc"]["shard_rows"],  # not num_shards: adding a shard must not re-cut the others
         expected_rows=lambda wc: config["cc"]["expected_rows"].get(wc.split),
     log:
         "logs/partition_cc/{split}.log",

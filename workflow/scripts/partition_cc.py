@@ -9,7 +9,7 @@ def main(smk) -> None:
     partition_cc_tsv(
         tsv=smk.input.tsv,
         split=smk.params.split,
-        num_shards=int(smk.params.num_shards),
+        shard_rows=int(smk.params.shard_rows),
         out_rows=smk.output.rows,
         expected_rows=smk.params.expected_rows,
     )
