@@ -31,10 +31,19 @@ from vlbert_core.utils import atomic_path, get_logger, seed_everything
 
 from . import TASKS
 from . import vcr as vcr_lib
-from .heads import RefCOCOHead, VCRHead, VCRRoIClassifier, VQAHead
+from .heads.refcoco import RefCOCOHead
+from .heads.vcr import VCRHead, VCRRoIClassifier
+from .heads.vqa import VQAHead
 from .refcoco import load_refcoco
-from .samples import (ConcatData, ImageLoader, RefcocoSamples, Tokens, VcrData, VqaData,
-                      iterate_batches)
+from .samples import (
+    ConcatData,
+    ImageLoader,
+    RefcocoSamples,
+    Tokens,
+    VcrData,
+    VqaData,
+    iterate_batches,
+)
 from .vqa import build_answer_vocab, load_vqa
 
 log = get_logger(__name__)

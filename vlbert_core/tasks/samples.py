@@ -17,12 +17,17 @@ import numpy as np
 import torch
 
 from vlbert_core.model.batch import VLBertBatch, collate_samples, image_to_tensor
-from vlbert_core.model.inputs import TEXT, InputSequence, boxes_with_whole_image, build_input_sequence
+from vlbert_core.model.inputs import (
+    TEXT,
+    InputSequence,
+    boxes_with_whole_image,
+    build_input_sequence,
+)
 from vlbert_core.utils import get_logger
 
 from . import vcr as vcr_lib
 from .common import load_task_image, rois_for_key, scale_boxes
-from .heads import IGNORE_INDEX
+from .heads.common import IGNORE_INDEX
 from .refcoco import POSITIVE_IOU, RefcocoData, box_iou
 from .vqa import VqaQuestion, soft_targets
 

@@ -3,6 +3,18 @@
 
 import json
 
+from vlbert_core.fingerprint import code_fingerprint
+
+
+def code(script, task=None):
+    """Fingerprint of the code a job of workflow/scripts/<script>.py runs, for `params: code=`.
+
+    Snakemake sees an edit of a rule's script, not of the vlbert_core modules it imports; this
+    hash covers both (vlbert_core/fingerprint.py), and a task's fingerprint leaves out the other
+    tasks' modules. The files are read next to this Snakefile, not from the installed package.
+    """
+    return code_fingerprint(workflow.basedir, f"workflow/scripts/{script}.py", task)
+
 
 def stable(section):
     """A config section as a job param, keys sorted at every level.

@@ -12,6 +12,7 @@ if FETCH_NAME_BY_PATH:
         output:
             path="{fetched}",
         params:
+            code=code("fetch"),
             name=lambda wc: FETCH_NAME_BY_PATH[wc.fetched],
             entry=lambda wc: stable(config["fetch"][FETCH_NAME_BY_PATH[wc.fetched]]),
             timeout_s=60,
@@ -38,6 +39,7 @@ rule partition_cc:
     output:
         rows="results/shards/cc/rows/{split}.parquet",
     params:
+        code=code("partition_cc"),
         split=lambda wc: wc.split,
         shard_rows=config["cc"]["shard_rows"],  # not num_shards: adding a shard must not re-cut the others
         expected_rows=lambda wc: config["cc"]["expected_rows"].get(wc.split),
@@ -61,6 +63,7 @@ rule download_cc:
         parquet="results/shards/cc/{split}-{shard}.parquet",
         stats="results/shards/cc/{split}-{shard}.stats.json",
     params:
+        code=code("download_cc"),
         split=lambda wc: wc.split,
         shard=lambda wc: int(wc.shard),
         resize=stable(config["cc"]["resize"]),
@@ -86,6 +89,7 @@ rule shard_text:
         tars=expand("results/shards/text/{{corpus}}-{shard:05d}.tar", shard=range(config["text"]["num_shards"])),
         accounting="results/shards/text/{corpus}.parquet",
     params:
+        code=code("shard_text"),
         corpus=lambda wc: wc.corpus,
         num_shards=config["text"]["num_shards"],
         sentences_per_doc=config["text"]["sentences_per_doc"],

@@ -14,6 +14,7 @@ rule evaluate:
         json="results/eval/{eval_task}/{setting}/{schedule}/{split}.json",
         predictions="results/eval/{eval_task}/{setting}/{schedule}/{split}.predictions.json",
     params:
+        code=lambda wc: code("evaluate", wc.eval_task),
         task=lambda wc: wc.eval_task,
         split=lambda wc: wc.split,
         setting=lambda wc: wc.setting,
@@ -41,6 +42,7 @@ rule vcr_q2ar:
     output:
         json="results/eval/vcr_q2ar/{setting}/{schedule}/{split}.json",
     params:
+        code=code("vcr_q2ar"),
         setting=lambda wc: wc.setting,
         schedule=lambda wc: wc.schedule,
         split=lambda wc: wc.split,

@@ -17,6 +17,7 @@ rule finetune:
         metrics="results/finetune/{finetune_task}/{setting}/{schedule}/metrics.jsonl",
         predictions="results/finetune/{finetune_task}/{setting}/{schedule}/predictions.json",
     params:
+        code=lambda wc: code("finetune", wc.finetune_task),
         task=lambda wc: wc.finetune_task,
         setting=lambda wc: wc.setting,
         schedule=lambda wc: wc.schedule,

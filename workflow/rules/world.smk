@@ -19,6 +19,7 @@ if config["dataset"] == "synthetic":
             world_outputs(),
             summary="resources/synthetic/world.json",
         params:
+            code=code("world"),
             world=stable(config["world"]),
             sources=stable(config["sources"]),
             seed=config["seed"],

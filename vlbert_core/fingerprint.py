@@ -1,0 +1,156 @@
+"""Fingerprints of the library code each workflow job runs, passed to Snakemake through `params:`.
+
+Snakemake re-runs a job when its rule's `script:` changes, but it does not see the `vlbert_core`
+modules that script imports. `code_fingerprint(root, script, task)` hashes the script and every
+`vlbert_core` module it imports, directly or through other modules (found by reading their
+import statements, including imports inside functions, and the `__init__.py` of every package
+on the way). A job whose fingerprint changes is re-run, and Snakemake re-runs its downstream jobs
+because their inputs change.
+
+Task-specific code is kept apart: the modules in `TASK_MODULES` belong to one task, and a job of
+another task leaves them out of its fingerprint. Editing the VQA head (`tasks/heads/vqa.py`)
+therefore re-runs the VQA fine-tunes and evaluations, not the VCR or RefCOCO+ ones.
+
+Blank lines, whole-line comments and trailing spaces are left out of the hash, so such edits
+re-run nothing; any other edit does, including a comment at the end of a line of code and a
+docstring.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from pathlib import Path
+
+PACKAGE = "vlbert_core"
+
+# Modules owned by one task family (paths relative to the package). Every other module a script
+# imports is shared, and an edit of it re-runs every task.
+TASK_MODULES: dict[str, tuple[str, ...]] = {
+    "vcr": ("tasks/vcr.py", "tasks/heads/vcr.py"),
+    "vqa": ("tasks/vqa.py", "tasks/heads/vqa.py"),
+    "refcoco": ("tasks/refcoco.py", "tasks/heads/refcoco.py"),
+}
+
+
+def task_family(task: str) -> str:
+    """vcr_q2a, vcr_qa2r, vcr_q2ar -> vcr; refcoco_gt, refcoco_det -> refcoco; vqa -> vqa."""
+    for family in TASK_MODULES:
+        if task == family or task.startswith(family + "_"):
+            return family
+    raise ValueError(f"task {task!r} belongs to none of {sorted(TASK_MODULES)}")
+
+
+def _module_file(root: Path, module: str) -> Path | None:
+    """The file of a dotted vlbert_core module name, or None if it names no module."""
+    parts = module.split(".")
+    if parts[0] != PACKAGE:
+        return None
+    base = root.joinpath(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _package_of(root: Path, path: Path) -> str:
+    """Dotted name of the package a module file lives in (the package itself for __init__.py)."""
+    relative = path.relative_to(root).with_suffix("")
+    parts = list(relative.parts)
+    parts.pop()  # the module's own name, or "__init__"
+    return ".".join(parts)
+
+
+_FROM_IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.MULTILINE)
+_IMPORT = re.compile(r"^[ \t]*import[ \t]+([^\n]*)", re.MULTILINE)
+
+
+def _names(clause: str) -> list[str]:
+    """`a, b as c` / `(a,\n b)` -> ["a", "b"]."""
+    clause = re.sub(r"#[^\n]*", "", clause).strip("()\\ \t\n")
+    return [part.split(" as ")[0].strip() for part in clause.split(",") if part.strip()]
+
+
+def _imported_modules(root: Path, path: Path) -> frozenset[str]:
+    """Dotted vlbert_core modules that `path` imports (candidates; _module_file checks them).
+
+    Import statements are found by a regular expression over the source, not by parsing it:
+    this runs each time Snakemake reads the workflow, and parsing every module takes a second
+    on a small machine. An import written in a string or docstring counts too, which can only
+    add a module to a fingerprint, never miss one.
+    """
+    source = _source(path, path.stat().st_mtime_ns)
+    names: set[str] = set()
+    in_package = path.is_relative_to(root / PACKAGE)
+    for match in _FROM_IMPORT.finditer(source):
+        module, clause = match.group(1), match.group(2)
+        level = len(module) - len(module.lstrip("."))
+        if level:
+            if not in_package:
+                continue
+            package = _package_of(root, path).split(".")
+            base_parts = package[: len(package) - (level - 1)]
+            module = ".".join(base_parts + ([module[level:]] if module[level:] else []))
+        names.add(module)
+        names.update(f"{module}.{name}" for name in _names(clause))  # `from pkg import submodule`
+    for match in _IMPORT.finditer(source):
+        names.update(_names(match.group(1)))
+    modules = set()
+    for name in names:
+        parts = name.split(".")
+        # importing a.b.c runs a/__init__.py and a/b/__init__.py first
+        modules.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return frozenset(m for m in modules if m.split(".")[0] == PACKAGE)
+
+
+def code_files(root: str | Path, script: str | Path) -> list[Path]:
+    """The script and every vlbert_core file it imports, transitively, sorted."""
+    root = Path(root).resolve()
+    start = (root / script).resolve()
+    seen: set[Path] = set()
+    todo = [start]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for module in _imported_modules(root, path):
+            file = _module_file(root, module)
+            if file is not None and file.resolve() not in seen:
+                todo.append(file.resolve())
+    return sorted(seen)
+
+
+@functools.lru_cache(maxsize=None)
+def _source(path: Path, mtime_ns: int) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def _code_digest(path: Path) -> str:
+    """Hash of the file without blank lines, whole-line comments and trailing spaces."""
+    source = _source(path, path.stat().st_mtime_ns)
+    lines = (line.rstrip() for line in source.splitlines())
+    code = "\n".join(line for line in lines if line and not line.lstrip().startswith("#"))
+    return hashlib.sha256(code.encode("utf-8")).hexdigest()
+
+
+def code_fingerprint(root: str | Path, script: str | Path, task: str | None = None) -> str:
+    """A short hash of the code a job of `script` (for `task`, if task-specific) runs."""
+    root = Path(root).resolve()
+    excluded: set[Path] = set()
+    if task is not None:
+        family = task_family(task)
+        excluded = {
+            (root / PACKAGE / module).resolve()
+            for other, modules in TASK_MODULES.items()
+            if other != family
+            for module in modules
+        }
+    digest = hashlib.sha256()
+    for path in code_files(root, script):
+        if path in excluded:
+            continue
+        digest.update(str(path.relative_to(root)).encode("utf-8") + b"\0")
+        digest.update(_code_digest(path).encode("ascii"))
+    return digest.hexdigest()[:16]

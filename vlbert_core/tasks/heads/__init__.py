@@ -1,0 +1,12 @@
+"""Task heads on top of `VLBertModel` outputs, and their losses: one module per task, so that an
+edit of one task's head re-runs only that task's fine-tunes (see vlbert_core/fingerprint.py).
+
+Every head takes the model's `VLBertOutput` and the `VLBertBatch` it came from:
+- `vqa.VQAHead`: the `[MASK]` output -> Linear-GELU-LayerNorm-Linear -> one logit per answer; BCE
+  on the soft targets, multiplied by the number of answers as in the released code.
+- `vcr.VCRHead`: the `[CLS]` output -> Linear -> one score per candidate sequence.
+- `vcr.VCRRoIClassifier`: the auxiliary RoI classification with linguistic clues: each `[IMG]`
+  output (it has attended to the text) -> Linear -> the box's object-name class.
+- `refcoco.RefCOCOHead`: each `[IMG]` output -> MLP -> one binary score per RoI.
+- `common`: picking the `[CLS]`, `[MASK]` and `[IMG]` outputs, and the initialisation.
+"""

@@ -1,0 +1,44 @@
+"""What every task head shares: picking outputs out of the sequence, and the initialisation."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vlbert_core.model.inputs import IMG
+
+IGNORE_INDEX = -100
+
+
+def cls_output(sequence_output: torch.Tensor) -> torch.Tensor:
+    """[B, hidden]: the `[CLS]` element is always first."""
+    return sequence_output[:, 0]
+
+
+def mask_output(sequence_output: torch.Tensor, input_ids: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """[B, hidden]: the output at the single `[MASK]` token of each sequence."""
+    is_mask = input_ids == mask_id
+    counts = is_mask.sum(dim=1)
+    if not bool((counts == 1).all()):
+        bad = (counts != 1).nonzero().flatten().tolist()
+        raise ValueError(f"VQA sequences must hold exactly one [MASK]; samples {bad} hold "
+                         f"{counts[bad].tolist()}")
+    return sequence_output[is_mask]
+
+
+def roi_outputs(sequence_output: torch.Tensor, element_kind: torch.Tensor, roi_index: torch.Tensor,
+                num_boxes: int) -> torch.Tensor:
+    """[B, R, hidden]: the `[IMG]` outputs placed at their box index (zeros for padded boxes)."""
+    batch_size, _, hidden = sequence_output.shape
+    out = sequence_output.new_zeros(batch_size, num_boxes, hidden)
+    sample_idx, position = (element_kind == IMG).nonzero(as_tuple=True)
+    box_idx = roi_index[sample_idx, position]
+    return out.index_put((sample_idx, box_idx), sequence_output[sample_idx, position])
+
+
+def init_linear(module: nn.Module, std: float = 0.02) -> None:
+    """New parameters ~ N(0, 0.02), biases 0, as BERT initialises."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=std)
+            nn.init.zeros_(m.bias)
