@@ -1,11 +1,13 @@
 # Helpers shared by the rule modules: which files exist for this config, and the params each job
 # depends on. Keeping these in one place is what makes `params:` invalidate exactly the right jobs.
 
+import functools
 import json
 
 from vlbert_core.fingerprint import code_fingerprint
 
 
+@functools.cache  # called once per job while planning; the value depends on (script, task) only
 def code(script, task=None):
     """Fingerprint of the code a job of workflow/scripts/<script>.py runs, for `params: code=`.
 
