@@ -24,9 +24,11 @@ include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/finetune.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/tables.smk"
+include: "workflow/rules/report.smk"
 
 
 rule all:
     default_target: True
     input:
         TABLES,
+        REPORT,

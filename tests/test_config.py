@@ -84,3 +84,119 @@ def test_real_data_config_plans_fetch_and_hundreds_of_cc_shards_offline(tmp_path
     assert planned_fetches == fetched - {real["sources"]["cc"]["val"]}  # cc.splits is [train]
     assert counts["fetch"] == len(planned_fetches) and "world" not in counts
     assert not (tmp_path / "resources").exists() and not (tmp_path / "results").exists()
+
+
+# ---- the paper-scale configs (config/paper_base.yaml, config/paper_large.yaml) -------------------------
+
+PAPER_CONFIGS = ["paper_base.yaml", "paper_large.yaml"]
+# Sections that must be the same in BASE and LARGE: the data, the detector and the schedules.
+SHARED_PAPER_SECTIONS = ["dataset", "device", "fetch", "sources", "cc", "text", "detector", "rois",
+                         "pretrain", "finetune"]
+
+
+def hand_obtained_inputs(config: dict) -> list[str]:
+    """The files of a real config that no rule makes and Snakemake needs for planning: the task
+    annotation files (VQA v2, VCR, RefCOCO+; image folders are not rule inputs) and the detector
+    checkpoint. The fetched sources are not among them: rule fetch plans those."""
+    files = [config["detector"]["weights"]]
+    splits = {"vqa": ["train", "val"], "vcr": ["train", "val"], "refcoco": ["train"]}
+    for dataset, dataset_splits in splits.items():
+        for key, path in config["sources"][dataset].items():
+            if key != "images":
+                files.extend(sorted({path.format(split=s) for s in dataset_splits}))
+    return files
+
+
+@pytest.mark.parametrize("name", PAPER_CONFIGS)
+def test_paper_config_is_valid_and_has_the_paper_settings(name):
+    config = merged(load(name))
+    validate(config, SCHEMA)
+    assert config["dataset"] == "real" and config["device"] == "cuda"
+    assert config["detector"]["weights"] and (config["detector"]["min_size"], config["detector"]["max_size"]) == (600, 1000)
+    assert (config["rois"]["score_threshold"], config["rois"]["min_boxes"], config["rois"]["max_boxes"]) == (0.5, 10, 100)
+    assert config["model"]["max_rois"] == 101 and config["model"]["image_max_side"] == 1000
+    assert config["model"]["num_hidden_layers"] == {"paper_base.yaml": 12, "paper_large.yaml": 24}[name]
+    assert config["pretrain"]["settings"] == ["none", "a", "b", "c", "d", "full"]
+    assert config["pretrain"]["max_text_len"] == 64
+    assert config["pretrain"]["cc_batch_size"] == config["pretrain"]["text_batch_size"]  # 1:1 mixing
+    # 10 epochs of the CC train rows at the released 16 GPUs x cc_batch_size CC samples a step
+    rows, per_step = config["cc"]["expected_rows"]["train"], 16 * config["pretrain"]["cc_batch_size"]
+    assert config["pretrain"]["steps"] == -(-10 * rows // per_step)
+    assert config["finetune"]["schedules"] == {"full": 1.0, "half": 0.5}
+    assert config["finetune"]["vqa"]["num_answers"] == 3129
+    assert config["finetune"]["vcr_q2a"]["optimizer"] == config["finetune"]["vcr_qa2r"]["optimizer"] == "sgd"
+    # the released learning rates: LR per sample x the released batch
+    assert config["finetune"]["vqa"]["lr"] == pytest.approx(6.25e-7 * 256)
+    assert config["finetune"]["vcr_q2a"]["lr"] == pytest.approx(7.0e-5 * 64)
+    assert config["finetune"]["refcoco"]["lr"] == pytest.approx(8.0e-7 * 32)
+
+
+def test_paper_base_and_large_differ_only_in_the_model():
+    base, large = load("paper_base.yaml"), load("paper_large.yaml")
+    assert set(base) == set(large) == set(SHARED_PAPER_SECTIONS) | {"model"}
+    for section in SHARED_PAPER_SECTIONS:
+        assert base[section] == large[section], section
+    assert base["model"]["bert_path"].endswith("bert-base-uncased")
+    assert large["model"]["bert_path"].endswith("bert-large-uncased")
+
+
+@pytest.fixture(scope="module")
+def bytecode_cache(tmp_path_factory):
+    """Where the dry-run subprocesses keep compiled modules. This environment sets
+    PYTHONDONTWRITEBYTECODE, so every Snakemake process would compile its ~1,000 modules again
+    (~6 s of CPU); sharing a cache outside the checkout makes the second dry run skip that."""
+    return tmp_path_factory.mktemp("pycache")
+
+
+@pytest.mark.parametrize("name", PAPER_CONFIGS)
+def test_paper_config_plans_the_whole_table4_dag(name, tmp_path, bytecode_cache):
+    """A dry run of Table 4 with the paper config plans every job, from the fetches to the table,
+    given only the hand-obtained files (empty stand-ins here); nothing is downloaded or trained."""
+    config = merged(load(name))
+    fetched = {entry["path"] for entry in config["fetch"].values()}
+    for path in hand_obtained_inputs(config):
+        assert path not in fetched, path
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).touch()
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(bytecode_cache)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "-n",
+         "--configfile", str(REPO / "config" / name), "--cores", "1", "results/tables/table4_ablation.csv"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = proc.stdout.split("Job stats:", 1)[1].split("\n\n", 1)[0]
+    counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.MULTILINE)}
+
+    shards = config["cc"]["num_shards"]["train"]
+    settings = len(config["pretrain"]["settings"])
+    assert shards >= 100
+    # Table 4: every setting x 4 tasks at the half schedule; Tables 1-3 (written by the same rule):
+    # w/o pre-training and full x 4 tasks at the full schedule.
+    finetunes = 4 * settings + 4 * 2
+    # Table 4: VCR Q->A, QA->R, VQA, RefCOCO+ detected val per setting; Tables 1-3 per paper setting:
+    # VCR Q->A, QA->R val, VQA val, RefCOCO+ GT and detected x val/testA/testB.
+    evaluations = 4 * settings + (2 + 1 + 6) * 2
+    expected = {
+        "fetch": len(fetched - {config["sources"]["cc"]["val"]}),  # cc.splits is [train]
+        "partition_cc": 1,
+        "download_cc": shards,
+        "extract_rois": shards,
+        "shard_text": 2,
+        "extract_task_rois": 6,   # VQA train/val, RefCOCO+ train/val/testA/testB
+        "pretrain": settings,
+        "finetune": finetunes,
+        "evaluate": evaluations,
+        "vcr_q2ar": 2,
+        "tables": 1,
+    }
+    expected["total"] = sum(expected.values())
+    assert counts == expected
+    assert "world" not in counts and "train_detector" not in counts
+    planned_fetches = set(re.findall(r"rule fetch:\n\s+output: (\S+)", proc.stdout))
+    assert planned_fetches == fetched - {config["sources"]["cc"]["val"]}
+    assert not any((tmp_path / path).exists() for path in fetched)
+    assert not (tmp_path / "results").exists()

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from conftest import load_script
 import torch
@@ -19,6 +20,7 @@ from vlbert_core.detector import (
     average_precision,
     build_detector,
     build_resnet_c4,
+    classify_boxes,
     detect_rois,
     evaluate_ap50,
     extract_rois_to_parquet,
@@ -29,7 +31,7 @@ from vlbert_core.detector import (
     train_detector,
     visual_state_dict,
 )
-from vlbert_core.detector.extract import decode_image
+from vlbert_core.detector.extract import RoIParquetWriter, decode_image, read_rois_metadata, run_detector
 from vlbert_core.detector.metrics import ImageDetections, ImageGroundTruth
 from vlbert_core.detector.train import load_coco_split
 
@@ -371,6 +373,65 @@ def test_extraction_with_a_decoding_worker_matches_in_process_decoding(tiny_dete
         np.testing.assert_array_equal(in_process[key].boxes, in_worker[key].boxes)
 
 
+def test_classify_boxes_scores_given_boxes_as_the_detector_scores_its_proposals():
+    """classify_boxes (the class scores of imported RoIs) must see a box where run_detector sees the
+    same box as a proposal, on an image that the transform rescales (48x80 -> 38x64)."""
+    torch.manual_seed(3)
+    model = build_detector(TINY_CFG, num_classes=3).eval()
+    image = torch.rand(3, 48, 80)
+    boxes = torch.tensor([[2.0, 3.0, 30.0, 40.0], [40.0, 5.0, 79.0, 47.0], [10.0, 10.0, 12.0, 14.0]])
+
+    class FixedProposals(torch.nn.Module):
+        """Stands in for the RPN: `boxes` (original pixels) as the proposals, in resized pixels."""
+
+        def forward(self, image_list, features):
+            height, width = image_list.image_sizes[0]
+            return [boxes * torch.tensor([width / 80, height / 48] * 2)], {}
+
+    given = classify_boxes(model, [image], [boxes])[0]
+    model.rpn = FixedProposals()
+    _, as_proposals = run_detector(model, [image])[0]
+    assert given.shape == (3, 4)
+    torch.testing.assert_close(given, as_proposals, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(given.sum(1), torch.ones(3))
+
+
+def test_roi_parquet_writer_spans_row_groups_and_writes_nothing_on_error(tmp_path):
+    rng = np.random.default_rng(0)
+    expected = {}
+    out = tmp_path / "rois.parquet"
+    with RoIParquetWriter(out, num_classes=3, metadata={"source": "test"}) as writer:
+        for i in range(RoIParquetWriter.ROWS_PER_GROUP * 2 + 7):
+            key = f"k{i:05d}"
+            if i % 97 == 5:
+                writer.add_failure(key, "decode_error", f"bad {i}")
+                expected[key] = None
+                continue
+            n = int(rng.integers(10, 15))
+            class_scores = rng.dirichlet(np.ones(3), size=n).astype(np.float32)
+            boxes = rng.uniform(0, 50, (n, 4)).astype(np.float32)
+            writer.add(key, image_w=64, image_h=48, boxes=boxes, scores=class_scores[:, 1:].max(1),
+                       class_ids=class_scores[:, 1:].argmax(1).astype(np.int32) + 1, class_scores=class_scores)
+            expected[key] = (boxes, class_scores)
+        assert not out.exists()  # only the temporary file exists until the block ends
+    records = read_rois(out)
+    assert list(records) == list(expected)
+    for key, value in expected.items():
+        if value is None:
+            assert records[key].status == "decode_error" and records[key].boxes.shape == (0, 4)
+        else:
+            np.testing.assert_array_equal(records[key].boxes, value[0])
+            np.testing.assert_allclose(records[key].class_scores, value[1], atol=1e-3)
+    assert read_rois_metadata(out)["status_counts"] == {"decode_error": 11, "ok": 1020}
+    assert pq.ParquetFile(out).metadata.num_row_groups == 3
+
+    with pytest.raises(ValueError, match="duplicate key 'a'"):
+        with RoIParquetWriter(tmp_path / "dup.parquet", num_classes=3, metadata={}) as writer:
+            writer.add_failure("a", "decode_error", "x")
+            writer.add_failure("a", "decode_error", "x")
+    assert not list(tmp_path.glob("*dup.parquet"))
+
+
 def test_read_cc_shard_yields_images_in_order_and_rejects_imageless_samples(tmp_path):
     def add(tar, name, data):
         info = tarfile.TarInfo(name)
@@ -464,3 +525,74 @@ def test_scripts_train_then_extract_a_shard(tmp_path):
     records = read_rois(out)
     assert [r.status for r in records.values()] == ["ok", "decode_error", "ok"]
     assert all(10 <= len(r.scores) <= 100 for r in records.values() if r.ok)
+
+
+def save_detector(model, path) -> str:
+    """A checkpoint in train_detector's format (what detector.weights points at)."""
+    torch.save({"config": TINY_CFG, "categories": [{"id": i, "name": f"c{i}"} for i in (1, 2, 3)],
+                "num_classes": 3, "state_dict": model.state_dict()}, path)
+    return str(path)
+
+
+def test_task_images_that_cannot_be_read_are_accounted_and_the_rest_goes_on(tiny_detector, tmp_path):
+    """extract_task_rois on VQA val images: a corrupt and a missing image get rows with their keys."""
+    rng = np.random.default_rng(6)
+    (tmp_path / "val2014").mkdir()
+    for image_id in (1, 2, 3):
+        path = tmp_path / "val2014" / f"COCO_val2014_{image_id:012d}.jpg"
+        if image_id == 1:
+            draw_scene(rng)[0].save(path)
+        elif image_id == 2:
+            path.write_bytes(jpeg_bytes(draw_scene(rng)[0])[:150])  # truncated download
+    questions = {"data_subtype": "val2014", "questions": [
+        {"image_id": i, "question": "what?", "question_id": i} for i in (1, 2, 3)]}
+    (tmp_path / "questions_val.json").write_text(json.dumps(questions))
+    out = tmp_path / "rois" / "vqa" / "val.parquet"
+    load_script("extract_task_rois").main(SimpleNamespace(
+        input=SimpleNamespace(model=save_detector(tiny_detector, tmp_path / "model.pt")),
+        output=SimpleNamespace(parquet=str(out)),
+        params=SimpleNamespace(dataset="vqa", split="val", device="cpu",
+                               rois={"score_threshold": 0.5, "min_boxes": 10, "max_boxes": 100, "nms_iou": 0.3,
+                                     "batch_size": 2},
+                               sources={"questions": str(tmp_path / "questions_{split}.json"),
+                                        "images": str(tmp_path / "{split}2014")}),
+        threads=1, log=[str(tmp_path / "rois.log")],
+    ))
+    records = read_rois(out)
+    assert {k: r.status for k, r in records.items()} == {
+        "COCO_val2014_000000000001": "ok", "COCO_val2014_000000000002": "decode_error",
+        "COCO_val2014_000000000003": "missing_file"}
+    assert "COCO_val2014_000000000003.jpg" in records["COCO_val2014_000000000003"].error
+    assert 10 <= len(records["COCO_val2014_000000000001"].scores) <= 100
+    log_text = (tmp_path / "rois.log").read_text()
+    assert "COCO_val2014_000000000002: decode_error" in log_text
+
+
+def test_detector_weights_that_do_not_load_fail_naming_file_and_problem(tiny_detector, tmp_path):
+    good = save_detector(tiny_detector, tmp_path / "good.pt")
+    model, meta = load_detector(good)
+    assert meta["num_classes"] == 3 and not model.training
+
+    with pytest.raises(FileNotFoundError, match="nowhere.pt"):
+        load_detector(tmp_path / "nowhere.pt")
+    (tmp_path / "text.pt").write_text("these are not weights")
+    with pytest.raises(ValueError, match=r"text\.pt: not a detector checkpoint"):
+        load_detector(tmp_path / "text.pt")
+    torch.save(tiny_detector.state_dict(), tmp_path / "bare_state_dict.pt")
+    with pytest.raises(ValueError, match=r"bare_state_dict\.pt: detector checkpoint lacks \['config', 'categories', "
+                                         r"'num_classes', 'state_dict'\]"):
+        load_detector(tmp_path / "bare_state_dict.pt")
+
+    checkpoint = torch.load(good, weights_only=True)
+    state = dict(checkpoint["state_dict"])
+    del state["roi_heads.box_predictor.cls_score.bias"]
+    state["extra.weight"] = torch.zeros(1)
+    torch.save({**checkpoint, "state_dict": state}, tmp_path / "keys.pt")
+    with pytest.raises(ValueError, match=r"keys\.pt: state_dict does not fit.*1 missing keys "
+                                         r"\(roi_heads\.box_predictor\.cls_score\.bias\); 1 unexpected keys \(extra\.weight\)"):
+        load_detector(tmp_path / "keys.pt")
+    torch.save({**checkpoint, "num_classes": 5, "categories": checkpoint["categories"] + [{"id": 4}, {"id": 5}]},
+               tmp_path / "classes.pt")
+    with pytest.raises(ValueError, match=r"classes\.pt: state_dict does not fit.*wrong shapes "
+                                         r"\(roi_heads\.box_predictor\.cls_score\.weight: file \[4, 16\], model \[6, 16\]"):
+        load_detector(tmp_path / "classes.pt")

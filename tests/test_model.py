@@ -162,6 +162,25 @@ def test_mask_roi_pixels_covers_fractional_boxes_only():
                                     torch.tensor([[True, False]]))
 
 
+def test_precomputed_roi_features_replace_the_visual_network_exactly():
+    model = tiny_model()
+    image, boxes = _scene()
+    masked = [False, False, True, False, False]
+    batch = collate_samples([image_sample([3, 4], boxes, image, masked),
+                             {"sequence": build_input_sequence([5, 6, 7], None, None, cls_id=1, sep_id=2, pad_id=0)}])
+    with torch.no_grad():
+        features = model.visual_features(batch)   # with the batch's RoI masking, zeros for the text-only row
+        want = model(batch).sequence_output
+        got = model(batch, roi_features=features).sequence_output
+        other = model(batch, roi_features=features.flip(1)).sequence_output
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert not torch.allclose(other, want)   # the features given really are the ones used
+    assert features.shape == (2, 5, 8) and not features[1].any()
+    tuned = tiny_model(tune_frcnn=True)
+    with pytest.raises(ValueError, match="tuned visual network"):
+        tuned(batch, roi_features=features)
+
+
 def test_text_only_sample_uses_learned_visual_embedding():
     model = tiny_model()
     seq = build_input_sequence([3, 4, 5], None, None, cls_id=1, sep_id=2, pad_id=0)

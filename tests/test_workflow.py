@@ -3,6 +3,7 @@
 import csv
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -103,3 +104,49 @@ def test_editing_the_vqa_learning_rate_reruns_only_vqa_and_tables(ci_run, tmp_pa
         for path in line.split(", "):
             assert path.startswith(("results/finetune/vqa/", "results/eval/vqa/", "results/tables/")), path
     assert counts["finetune"] == 6 + 2  # every setting at half, none and full at full
+
+
+def edited_copy(tmp_path: Path, relative: str, edit) -> Path:
+    """A copy of the workflow and library with one file edited, to dry-run against a finished run."""
+    copy = tmp_path / "edited_repo"
+    ignore = shutil.ignore_patterns("__pycache__", ".snakemake")
+    for name in ("workflow", "config", "vlbert_core"):
+        shutil.copytree(REPO / name, copy / name, ignore=ignore)
+    shutil.copy(REPO / "Snakefile", copy / "Snakefile")
+    path = copy / relative
+    path.write_text(edit(path.read_text(encoding="utf-8")), encoding="utf-8")
+    return copy
+
+
+def test_editing_the_vqa_head_code_reruns_only_vqa_and_tables(ci_run, tmp_path):
+    copy = edited_copy(tmp_path, "vlbert_core/tasks/heads/vqa.py",
+                       lambda s: s.replace("inner = 2 * hidden_size", "inner = 3 * hidden_size"))
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(copy / "Snakefile"), "-d", str(ci_run), "-n",
+           "--configfile", str(CI_CONFIG), "--cores", "1", TARGET]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    counts = planned_rules(out)
+    assert set(counts) == {"finetune", "evaluate", "tables"}, counts
+    assert counts["finetune"] == 6 + 2
+    for line in re.findall(r"^\s+output: (.+)$", out, flags=re.M):
+        for path in line.split(", "):
+            assert path.startswith(("results/finetune/vqa/", "results/eval/vqa/", "results/tables/")), path
+
+
+def test_adding_one_cc_shard_plans_that_shard_and_its_downstream_only(ci_run, tmp_path):
+    edited = yaml.safe_load(CI_CONFIG.read_text())
+    assert edited["cc"]["num_shards"]["train"] == 1
+    edited["cc"]["num_shards"]["train"] = 2
+    (tmp_path / "edited.yaml").write_text(yaml.safe_dump(edited))
+    proc = snakemake(ci_run, "-n", "--configfile", str(tmp_path / "edited.yaml"), "--cores", "1", TARGET,
+                     timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    counts = planned_rules(out)
+    assert counts["download_cc"] == 1 and counts["extract_rois"] == 1
+    assert "partition_cc" not in counts and "world" not in counts and "train_detector" not in counts
+    outputs = " ".join(re.findall(r"^\s+output: (.+)$", out, flags=re.M))
+    assert "results/shards/cc/train-00001.tar" in outputs and "results/rois/cc/train-00001.parquet" in outputs
+    assert "train-00000" not in outputs, "no other shard is downloaded or extracted again"
+    assert counts["pretrain"] == 6 and counts["finetune"] == 32  # everything downstream

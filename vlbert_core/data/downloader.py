@@ -1,20 +1,29 @@
 """Fetch image bytes from http(s):// and file:// URLs with timeouts, retries and a size cap.
 
-Uses only the standard library (urllib), so the pipeline has no HTTP-client dependency. Every
-outcome is one of the fixed status strings in `status.py`; nothing here raises for a bad URL or
+HTTP uses the standard library's http.client over keep-alive connections. A connection that
+served a complete response goes back to a small pool shared by the worker threads, keyed by
+scheme, host, port and proxy, so the images of one host cost one TCP (and TLS) handshake rather
+than one per image. A connection that saw any error is closed, never reused. Redirects are
+followed here: at most `max_redirects` hops, http/https targets only, relative Locations resolved
+against the URL that sent them, and a loop is stopped as soon as a URL comes round again.
+Proxies come from the environment (http_proxy, https_proxy, no_proxy), read the way urllib
+reads them.
+
+Every outcome is one of the fixed status strings in `status.py`; nothing here raises for a bad URL or
 a bad server. Retries (with exponential back-off) happen only for failures that may go away: 5xx,
 408/429, timeouts and dropped connections. A 404 or a DNS failure is final at once.
 """
 
 from __future__ import annotations
 
+import base64
 import http.client
 import os
 import socket
 import ssl
 import stat
+import threading
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from typing import NamedTuple
@@ -25,9 +34,17 @@ from vlbert_core.utils import get_logger
 log = get_logger(__name__)
 
 USER_AGENT = "vlbert-pipeline/0.1 (+research reproduction)"
-_CHUNK_BYTES = 64 * 1024
+_CHUNK_BYTES = 256 * 1024  # one recv returns what has arrived; this only caps it
 # Characters left as they are when a URL is re-quoted: URL syntax, and '%' so existing escapes survive.
 _URL_SAFE = ":/?#[]@!$&'()*+,;=%~"
+_REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+# An error or redirect response's body up to this size is read and dropped so that its connection
+# can serve the next request; a longer (or unsized) one costs a new connection instead.
+_MAX_DISCARDED_BYTES = 64 * 1024
+# A reused connection that the server has meanwhile closed fails like this before any response
+# byte arrives; the request is then sent once more on a fresh connection.
+_STALE_CONNECTION_ERRORS = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
 
 
 class FetchResult(NamedTuple):
@@ -44,21 +61,27 @@ class _Attempt(NamedTuple):
     retry_after_s: float | None = None  # the server's Retry-After, when it sent a usable one
 
 
+class _Proxy(NamedTuple):
+    host: str
+    port: int
+    authorization: str | None  # a Proxy-Authorization header value, from user:password in the proxy URL
+
+
+class _Route(NamedTuple):
+    """Where a request's connection goes; requests with equal routes can share a connection."""
+
+    scheme: str  # of the URL: http or https
+    host: str
+    port: int
+    proxy: _Proxy | None
+
+
 class _TooLarge(Exception):
     pass
 
 
 class _DeadlineExceeded(Exception):
     pass
-
-
-class _LimitedRedirectHandler(urllib.request.HTTPRedirectHandler):
-    """urllib's redirect handling (http/https targets only) with our own cap on redirect hops."""
-
-    def __init__(self, max_redirects: int):
-        super().__init__()
-        self.max_redirections = max_redirects
-        self.max_repeats = min(self.max_repeats, max_redirects)
 
 
 def _fail(status: str, error: str, transient: bool = False, retry_after_s: float | None = None) -> _Attempt:
@@ -95,14 +118,82 @@ def normalize_http_url(url: str) -> str:
     )
 
 
+def _parse_proxy(setting: str) -> _Proxy:
+    """host, port and credentials of a proxy setting such as http://user:pw@proxy:3128 or proxy:3128."""
+    parts = urllib.parse.urlsplit(setting if "://" in setting else f"http://{setting}")
+    try:
+        port = parts.port or _DEFAULT_PORTS.get(parts.scheme.lower(), 80)
+    except ValueError as err:
+        raise ValueError(f"proxy setting {setting!r} from the environment: {err}") from None
+    if not parts.hostname:
+        raise ValueError(f"proxy setting {setting!r} from the environment names no host")
+    authorization = None
+    if parts.username is not None:
+        credentials = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        authorization = "Basic " + base64.b64encode(credentials.encode("utf-8")).decode("ascii")
+    return _Proxy(parts.hostname, port, authorization)
+
+
+class _IdleConnections:
+    """Keep-alive connections not in use, shared by the worker threads.
+
+    One connection serves one request at a time: `take` hands it to one thread, and that thread
+    `put`s it back only after reading its response to the end. Beyond `limit` idle connections
+    the least recently returned host loses its oldest one, so a shard over millions of hosts
+    holds a bounded number of sockets.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._idle: dict[_Route, list[http.client.HTTPConnection]] = {}  # least recently returned first
+        self._count = 0
+
+    def take(self, route: _Route) -> http.client.HTTPConnection | None:
+        with self._lock:
+            connections = self._idle.get(route)
+            if not connections:
+                return None
+            connection = connections.pop()
+            if not connections:
+                del self._idle[route]
+            self._count -= 1
+            return connection
+
+    def put(self, route: _Route, connection: http.client.HTTPConnection) -> None:
+        evicted = None
+        with self._lock:
+            connections = self._idle.pop(route, [])
+            connections.append(connection)
+            self._idle[route] = connections  # re-inserted last: most recently returned
+            self._count += 1
+            if self._count > self.limit:
+                oldest_route = next(iter(self._idle))
+                oldest = self._idle[oldest_route]
+                evicted = oldest.pop(0)
+                if not oldest:
+                    del self._idle[oldest_route]
+                self._count -= 1
+        if evicted is not None:
+            evicted.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle, self._count = self._idle, {}, 0
+        for connections in idle.values():
+            for connection in connections:
+                connection.close()
+
+
 class Downloader:
     """Fetches URLs; thread-safe, so one instance serves a whole thread pool.
 
     timeout_s bounds each socket operation (connect, each read); `deadline_s` (default 4 x
-    timeout_s) bounds one whole attempt, so a server dripping bytes cannot hold a worker forever.
-    `retries` extra attempts follow a transient failure, after backoff_s * 2**attempt seconds
-    (or the server's Retry-After), capped at max_backoff_s. `threads` is the pool size that
-    callers (download_cc_shard) use with this downloader.
+    timeout_s) bounds one whole attempt, redirects included, so a server dripping bytes cannot
+    hold a worker forever. `retries` extra attempts follow a transient failure, after
+    backoff_s * 2**attempt seconds (or the server's Retry-After), capped at max_backoff_s.
+    `threads` is the pool size that callers (download_cc_shard) use with this downloader; it also
+    sizes the pool of idle keep-alive connections. `close()` (or a `with` block) closes those.
     """
 
     def __init__(
@@ -130,15 +221,36 @@ class Downloader:
             raise ValueError(f"download backoff must be >= 0, got {backoff_s} (cap {max_backoff_s})")
         if max_redirects < 0:
             raise ValueError(f"download max_redirects must be >= 0, got {max_redirects}")
+        if deadline_s is not None and deadline_s <= 0:
+            raise ValueError(f"download deadline_s must be > 0, got {deadline_s}")
         self.timeout_s = float(timeout_s)
         self.retries = int(retries)
         self.max_bytes = int(max_bytes)
         self.threads = int(threads)
         self.backoff_s = float(backoff_s)
         self.max_backoff_s = float(max_backoff_s)
+        self.max_redirects = int(max_redirects)
         self.deadline_s = float(deadline_s) if deadline_s is not None else 4.0 * self.timeout_s
         self.user_agent = user_agent
-        self._opener = urllib.request.build_opener(_LimitedRedirectHandler(max_redirects))
+        self._headers = {"User-Agent": user_agent, "Accept": "image/*,*/*;q=0.8"}
+        # Read once, like urllib's ProxyHandler does when its opener is built.
+        self._proxies = {
+            scheme: _parse_proxy(setting)
+            for scheme, setting in urllib.request.getproxies().items()
+            if scheme in ("http", "https") and setting
+        }
+        self._ssl_context = ssl.create_default_context()
+        self._idle = _IdleConnections(limit=2 * self.threads)
+
+    def close(self) -> None:
+        """Close the idle keep-alive connections (call it when no fetch is running)."""
+        self._idle.close()
+
+    def __enter__(self) -> Downloader:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     def fetch(self, url: str) -> FetchResult:
         """Fetch one URL; never raises for network, server or file-system trouble."""
@@ -198,20 +310,99 @@ class Downloader:
         return result
 
     def _attempt_http(self, url: str) -> _Attempt:
-        request = urllib.request.Request(url, headers={"User-Agent": self.user_agent, "Accept": "image/*,*/*;q=0.8"})
+        """One attempt: the request, and the redirects it leads to, within one deadline."""
         started = time.monotonic()
+        visited = {url}
+        for _hop in range(self.max_redirects + 1):
+            outcome = self._request(url, started)
+            if isinstance(outcome, _Attempt):
+                return outcome
+            location = outcome
+            try:
+                target = normalize_http_url(urllib.parse.urljoin(url, location))
+            except (ValueError, UnicodeError) as err:
+                return _fail(st.HTTP_ERROR, f"redirect to an invalid URL {location[:200]!r}: {err}")
+            if urllib.parse.urlsplit(target).scheme.lower() not in ("http", "https"):
+                return _fail(st.HTTP_ERROR, f"redirect to a URL that is not http(s): {target[:200]}")
+            if target in visited:
+                return _fail(st.HTTP_ERROR, f"redirect loop: {url[:200]} -> {target[:200]}")
+            visited.add(target)
+            url = target
+        return _fail(st.HTTP_ERROR, f"too many redirects (more than max_redirects {self.max_redirects})")
+
+    def _route(self, url: str) -> tuple[_Route, str]:
+        """The connection route of `url` and the request-target to send (ValueError for a bad URL)."""
+        parts = urllib.parse.urlsplit(url)
+        scheme = parts.scheme.lower()
+        host = parts.hostname
+        if not host:
+            raise ValueError("no host")
+        port = parts.port or _DEFAULT_PORTS[scheme]  # .port raises ValueError for a bad port
+        hostport = parts.netloc.rpartition("@")[2]
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        proxy = self._proxies.get(scheme)
+        if proxy is not None and urllib.request.proxy_bypass(hostport):
+            proxy = None
+        if proxy is not None and scheme == "http":
+            # A plain-HTTP proxy takes the absolute URL; https goes through a CONNECT tunnel instead.
+            path = f"http://{hostport}{path}"
+        return _Route(scheme, host, port, proxy), path
+
+    def _new_connection(self, route: _Route) -> http.client.HTTPConnection:
+        https = route.scheme == "https"
+        if route.proxy is None:
+            host, port = route.host, route.port
+        else:
+            host, port = route.proxy.host, route.proxy.port  # the proxy itself is spoken to in plain HTTP
+        if https:
+            connection = http.client.HTTPSConnection(host, port, timeout=self.timeout_s, context=self._ssl_context)
+            if route.proxy is not None:
+                tunnel_headers = {"Proxy-Authorization": route.proxy.authorization} if route.proxy.authorization else None
+                connection.set_tunnel(route.host, route.port, headers=tunnel_headers)
+            return connection
+        return http.client.HTTPConnection(host, port, timeout=self.timeout_s)
+
+    def _wait_bound(self, connection: http.client.HTTPConnection, started: float) -> None:
+        """Make the next socket wait end at timeout_s or at the attempt's deadline, whichever is first."""
+        remaining = self.deadline_s - (time.monotonic() - started)
+        if remaining <= 0:
+            raise _DeadlineExceeded
+        wait = min(self.timeout_s, remaining)
+        connection.timeout = wait  # used by connect()
+        if connection.sock is not None:
+            connection.sock.settimeout(wait)
+
+    def _exchange(
+        self, connection: http.client.HTTPConnection, target: str, headers: dict, started: float
+    ) -> http.client.HTTPResponse:
+        self._wait_bound(connection, started)
+        connection.request("GET", target, headers=headers)
+        return connection.getresponse()
+
+    def _request(self, url: str, started: float) -> _Attempt | str:
+        """GET `url` once; an _Attempt, or the Location of a redirect to follow."""
         try:
-            with self._opener.open(request, timeout=self.timeout_s) as response:
-                declared = response.headers.get("Content-Length", "")
-                if declared.strip().isdigit() and int(declared) > self.max_bytes:
-                    return _fail(st.TOO_LARGE, f"Content-Length {declared} > max_bytes {self.max_bytes}")
-                data = self._read_capped(response, started)
-            return _Attempt(FetchResult(data, st.OK, ""), False)
-        except urllib.error.HTTPError as err:
-            err.close()
-            return self._classify_http_error(err)
-        except urllib.error.URLError as err:
-            return self._classify_os_error(err.reason if isinstance(err.reason, BaseException) else err)
+            route, target = self._route(url)
+        except (ValueError, KeyError) as err:
+            return _fail(st.UNSUPPORTED_URL, f"invalid URL ({err}): {url[:200]}")
+        headers = self._headers
+        if route.proxy is not None and route.scheme == "http" and route.proxy.authorization:
+            headers = {**headers, "Proxy-Authorization": route.proxy.authorization}
+        connection = self._idle.take(route)
+        keep_alive = False
+        try:
+            if connection is None:
+                connection = self._new_connection(route)
+                response = self._exchange(connection, target, headers, started)
+            else:
+                try:
+                    response = self._exchange(connection, target, headers, started)
+                except _STALE_CONNECTION_ERRORS:
+                    connection.close()
+                    connection = self._new_connection(route)
+                    response = self._exchange(connection, target, headers, started)
+            outcome, keep_alive = self._read_response(connection, response, started)
+            return outcome
         except _TooLarge:
             return _fail(st.TOO_LARGE, f"body exceeds max_bytes {self.max_bytes}")
         except _DeadlineExceeded:
@@ -220,41 +411,79 @@ class Downloader:
             return _fail(st.CONNECTION_ERROR, f"connection closed mid-body ({len(err.partial)} bytes read)", True)
         except http.client.InvalidURL as err:
             return _fail(st.UNSUPPORTED_URL, f"invalid URL: {err}")
+        except OSError as err:  # before HTTPException: RemoteDisconnected is both, and is a dropped connection
+            return self._classify_os_error(err)
         except http.client.HTTPException as err:
             return _fail(st.CONNECTION_ERROR, f"bad HTTP response: {type(err).__name__}: {err}")
         except (ValueError, UnicodeError) as err:
             return _fail(st.UNSUPPORTED_URL, f"invalid URL: {err}")
-        except OSError as err:
-            return self._classify_os_error(err)
+        finally:
+            if connection is not None:
+                if keep_alive:
+                    self._idle.put(route, connection)
+                else:
+                    connection.close()
 
-    def _read_capped(self, response, started: float) -> bytes:
+    def _read_response(
+        self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse, started: float
+    ) -> tuple[_Attempt | str, bool]:
+        """The outcome (or a redirect's Location) and whether the connection may serve another request."""
+        code = response.status
+        if 200 <= code < 300:
+            declared = response.getheader("Content-Length", "")
+            if declared.strip().isdigit() and int(declared) > self.max_bytes:
+                return _fail(st.TOO_LARGE, f"Content-Length {declared} > max_bytes {self.max_bytes}"), False
+            data = self._read_capped(connection, response, started)
+            return _Attempt(FetchResult(data, st.OK, ""), False), not response.will_close
+        reusable = self._discard_body(connection, response, started)
+        if code in _REDIRECT_CODES:
+            location = response.getheader("Location")
+            if not location:
+                return _fail(st.HTTP_ERROR, f"HTTP {code} redirect without a Location header"), reusable
+            return location, reusable
+        return self._classify_http_status(code, response.reason, response.headers), reusable
+
+    def _read_capped(
+        self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse, started: float
+    ) -> bytes:
         chunks: list[bytes] = []
         total = 0
         while True:
-            if time.monotonic() - started > self.deadline_s:
-                raise _DeadlineExceeded
+            self._wait_bound(connection, started)
             # read1 returns whatever one recv gives, so the deadline is checked while bytes trickle in.
             chunk = response.read1(_CHUNK_BYTES)
             if not chunk:
-                missing = getattr(response, "length", None)
-                if missing:  # the server closed before sending its declared Content-Length
-                    raise http.client.IncompleteRead(b"".join(chunks), missing)
+                if response.length:  # the server closed before sending its declared Content-Length
+                    raise http.client.IncompleteRead(b"".join(chunks), response.length)
+                response.close()  # marks the response done, so the connection can send the next request
                 return b"".join(chunks)
             total += len(chunk)
             if total > self.max_bytes:
                 raise _TooLarge
             chunks.append(chunk)
 
+    def _discard_body(
+        self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse, started: float
+    ) -> bool:
+        """Read and drop a short error/redirect body; True if the connection can be reused."""
+        if response.will_close or response.length is None or response.length > _MAX_DISCARDED_BYTES:
+            return False
+        try:
+            self._wait_bound(connection, started)
+            response.read()
+        except (OSError, http.client.HTTPException, _DeadlineExceeded):
+            return False  # the status is known already; only the connection is lost
+        response.close()
+        return True
+
     @staticmethod
-    def _classify_http_error(err: urllib.error.HTTPError) -> _Attempt:
-        code = err.code
+    def _classify_http_status(code: int, reason: str, headers) -> _Attempt:
         if code in (404, 410):
-            return _fail(st.NOT_FOUND, f"HTTP {code} {err.reason}")
-        if 300 <= code < 400:
-            # urllib raises these for redirect loops, too many hops, or a redirect to a non-http scheme.
-            return _fail(st.HTTP_ERROR, f"redirect failed: HTTP {code}: {err.reason}")
+            return _fail(st.NOT_FOUND, f"HTTP {code} {reason}")
+        if 300 <= code < 400:  # 300, 304, 305...: nothing this client can follow
+            return _fail(st.HTTP_ERROR, f"redirect failed: HTTP {code} {reason}")
         transient = code >= 500 or code in (408, 429)
-        return _fail(st.HTTP_ERROR, f"HTTP {code} {err.reason}", transient, _retry_after_seconds(err.headers))
+        return _fail(st.HTTP_ERROR, f"HTTP {code} {reason}", transient, _retry_after_seconds(headers))
 
     @staticmethod
     def _classify_os_error(err: BaseException) -> _Attempt:

@@ -224,17 +224,74 @@ def train_detector(
     return metrics
 
 
+CHECKPOINT_KEYS = ("config", "categories", "num_classes", "state_dict")
+
+
 def load_detector(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> tuple[FasterRCNN, dict]:
-    """Load a detector saved by train_detector; returns (model in eval mode, meta without state_dict)."""
-    checkpoint = torch.load(path, map_location=map_location, weights_only=True)
-    for key in ("config", "categories", "num_classes", "state_dict"):
-        if key not in checkpoint:
-            raise ValueError(f"{path}: detector checkpoint lacks '{key}'")
-    config = dict(checkpoint["config"])
+    """Load a detector checkpoint; returns (model in eval mode, meta without state_dict).
+
+    The format is what train_detector writes and what `detector.weights` must point at
+    (config/schema.yaml): a dict saved with torch.save, loadable with weights_only=True, holding
+      config:      the `detector:` config section the model was built with (build_detector keys:
+                   backbone, min_size, max_size, rpn_post_nms_*, box_batch_size_per_image, ...);
+                   the architecture comes from here, not from the running config;
+      categories:  [{"id", "name"}, ...], the K foreground classes in label order 1..K;
+      num_classes: K;
+      state_dict:  the torchvision FasterRCNN state dict of that architecture with K+1 outputs.
+    Any other file fails with a ValueError naming the file and what is wrong with it (not a
+    checkpoint, missing entries, missing / unexpected state-dict keys, wrong tensor shapes).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"detector weights {path} do not exist")
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:
+        raise ValueError(f"{path}: not a detector checkpoint (torch.load with weights_only=True failed: "
+                         f"{type(exc).__name__}: {str(exc)[:300]})") from exc
+    if not isinstance(checkpoint, dict):
+        raise ValueError(f"{path}: a detector checkpoint is a dict with keys {list(CHECKPOINT_KEYS)}, "
+                         f"this file holds a {type(checkpoint).__name__}")
+    missing = [key for key in CHECKPOINT_KEYS if key not in checkpoint]
+    if missing:
+        raise ValueError(f"{path}: detector checkpoint lacks {missing} (it has {sorted(map(str, checkpoint))}); "
+                         f"expected {list(CHECKPOINT_KEYS)} as written by train_detector")
+    config, categories = checkpoint["config"], checkpoint["categories"]
+    num_classes, state_dict = checkpoint["num_classes"], checkpoint["state_dict"]
+    if not isinstance(config, dict) or not isinstance(config.get("backbone"), dict):
+        raise ValueError(f"{path}: checkpoint 'config' must be the detector config section with a 'backbone' mapping")
+    if not isinstance(num_classes, int) or num_classes < 1:
+        raise ValueError(f"{path}: checkpoint 'num_classes' must be a positive int, got {num_classes!r}")
+    if not isinstance(categories, list) or len(categories) != num_classes:
+        raise ValueError(f"{path}: checkpoint 'categories' must list the {num_classes} classes, "
+                         f"got {type(categories).__name__} of length {len(categories) if hasattr(categories, '__len__') else '?'}")
+    if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
+        raise ValueError(f"{path}: checkpoint 'state_dict' must map parameter names to tensors")
+    config = dict(config)
     # The trained state dict replaces any ImageNet initialisation, which need not exist here.
     config["backbone"] = {k: v for k, v in dict(config["backbone"]).items() if k != "init_weights"}
-    model = build_detector(config, int(checkpoint["num_classes"]))
-    model.load_state_dict(checkpoint["state_dict"])
+    try:
+        model = build_detector(config, num_classes)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ValueError(f"{path}: checkpoint config does not describe a detector: {exc}") from exc
+    _check_state_dict(path, model.state_dict(), state_dict)
+    model.load_state_dict(state_dict)
     model.eval()
     meta = {k: v for k, v in checkpoint.items() if k != "state_dict"}
     return model, meta
+
+
+def _check_state_dict(path: Path, expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor]) -> None:
+    """Name every difference between a checkpoint's state dict and the model its config builds."""
+    missing = [k for k in expected if k not in given]
+    unexpected = [k for k in given if k not in expected]
+    wrong_shape = [f"{k}: file {list(given[k].shape)}, model {list(expected[k].shape)}"
+                   for k in expected if k in given and given[k].shape != expected[k].shape]
+    problems = []
+    for what, items in (("missing keys", missing), ("unexpected keys", unexpected), ("wrong shapes", wrong_shape)):
+        if items:
+            shown = ", ".join(items[:5]) + (f", ... ({len(items) - 5} more)" if len(items) > 5 else "")
+            problems.append(f"{len(items)} {what} ({shown})")
+    if problems:
+        raise ValueError(f"{path}: state_dict does not fit the detector that its config describes: "
+                         + "; ".join(problems))

@@ -6,10 +6,8 @@ import torch
 from torch import nn
 
 from .config import NUM_SEGMENTS, VLBertConfig
-from .inputs import END, IMG
+from .inputs import END, IMG, TEXT
 
-# Released config: Dropout(0.1) on [geometry || appearance] before the visual FC.
-VISUAL_FEATURE_DROPOUT = 0.1
 # Relation Networks' sin/cos box embedding: wavelengths wave_length^(i / (dim/8)), coordinates x100.
 GEOMETRY_WAVE_LENGTH = 1000.0
 GEOMETRY_COORD_SCALE = 100.0
@@ -30,12 +28,14 @@ def geometry_embedding(normalised_boxes: torch.Tensor, dim: int, wave_length: fl
 
 
 class VisualFeatureEmbedding(nn.Module):
-    """[geometry || appearance] -> Dropout 0.1 -> Linear -> ReLU, one vector per box."""
+    """[geometry || appearance] -> Dropout -> Linear -> ReLU, one vector per box."""
 
     def __init__(self, config: VLBertConfig):
         super().__init__()
         self.geometry_dim = config.geometry_dim
-        self.dropout = nn.Dropout(VISUAL_FEATURE_DROPOUT)
+        # The released config has Dropout(0.1) here, BERT's hidden dropout: taking the checkpoint's value
+        # keeps 0.1 for every BERT and lets a dropout-free config be truly deterministic.
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.linear = nn.Linear(config.geometry_dim + config.appearance_dim, config.hidden_size)
         self.activation = nn.ReLU()
 
@@ -82,23 +82,26 @@ class VLBertEmbeddings(nn.Module):
                 boxes: torch.Tensor | None, roi_features: torch.Tensor | None,
                 roi_masked: torch.Tensor | None) -> torch.Tensor:
         is_img = (element_kind == IMG)[..., None]
-        is_end = (element_kind == END)[..., None]
-        token = self.word_embeddings(input_ids)
+        is_text = (element_kind == TEXT)[..., None]
+
+        # Token: WordPiece for words, else one of the learned [IMG] / masked-RoI / [END] vectors.
+        special = torch.stack([self.img_token, self.masked_roi_token, self.end_token])      # [3, H]
+        special_index = torch.where(element_kind == END, 2, 0)
         if roi_masked is not None:
-            element_masked = torch.gather(roi_masked, 1, roi_index)[..., None] & is_img
-            img_token = torch.where(element_masked, self.masked_roi_token, self.img_token)
-        else:
-            img_token = self.img_token.expand_as(token)
-        token = torch.where(is_img, img_token, token)
-        token = torch.where(is_end, self.end_token, token)
+            element_masked = torch.gather(roi_masked, 1, roi_index) & (element_kind == IMG)
+            special_index = special_index + element_masked.long()
+        token = torch.where(is_text, self.word_embeddings(input_ids), special[special_index])
 
         visual = self.text_only_visual.expand_as(token)
         if roi_features is not None:
             per_box = self.visual_feature(boxes, roi_features)                                 # [B, R, H]
-            index = roi_index[..., None].expand(-1, -1, per_box.shape[-1])
-            per_element = torch.gather(per_box, 1, index)       # words and [END] take box 0 (whole image)
-            image_visual = torch.where(is_img, self.visual_norm_object(per_element),
-                                       self.visual_norm_text(per_element))
+            # Each LayerNorm runs on the boxes, not the elements (an element is its box's vector): [IMG]
+            # elements take their box through visual_norm_object; words and [END] take box 0 (the whole
+            # image) through visual_norm_text.
+            objects = self.visual_norm_object(per_box)
+            index = roi_index[..., None].expand(-1, -1, objects.shape[-1])
+            image_visual = torch.where(is_img, torch.gather(objects, 1, index),
+                                       self.visual_norm_text(per_box[:, :1]))
             visual = torch.where(has_image[:, None, None], image_visual, visual)
 
         embeddings = token + visual + self.position_embeddings(position_ids) + self.segment_embeddings(segment_ids)

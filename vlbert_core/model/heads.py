@@ -36,7 +36,7 @@ class MLMHead(nn.Module):
         self.__dict__["_word_embeddings"] = word_embeddings
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.transform(hidden) @ self._word_embeddings.weight.t() + self.bias
+        return nn.functional.linear(self.transform(hidden), self._word_embeddings.weight, self.bias)
 
     def load_bert_state(self, state: dict[str, torch.Tensor]) -> None:
         """BERT's cls.predictions.* weights with that prefix stripped."""

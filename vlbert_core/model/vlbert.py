@@ -67,7 +67,9 @@ class VLBertModel(nn.Module):
     def word_embeddings(self) -> nn.Embedding:
         return self.embeddings.word_embeddings
 
-    def forward(self, batch: VLBertBatch) -> VLBertOutput:
+    def visual_features(self, batch: VLBertBatch) -> torch.Tensor | None:
+        """The visual network's RoI features [B, R, appearance_dim] (zeros for text-only samples), or None
+        when the batch has no image."""
         roi_features = None
         if batch.images is not None and bool(batch.has_image.any()):
             if bool(batch.has_image.all()):
@@ -79,6 +81,17 @@ class VLBertModel(nn.Module):
                 features = self.visual_network(batch.images[idx], batch.boxes[idx], batch.box_valid[idx], masked)
                 roi_features = features.new_zeros(batch.batch_size, *features.shape[1:])
                 roi_features = roi_features.index_copy(0, idx, features)
+        return roi_features
+
+    def forward(self, batch: VLBertBatch, roi_features: torch.Tensor | None = None) -> VLBertOutput:
+        """`roi_features`, if given, replaces the visual network's output (`visual_features(batch)`, computed
+        with the batch's RoI masking), e.g. to reuse one image's features for several sequences. A training
+        step may bypass only a frozen visual network: its output then depends on nothing that trains."""
+        if roi_features is None:
+            roi_features = self.visual_features(batch)
+        elif self.visual_network.tune and torch.is_grad_enabled():
+            raise ValueError("VLBertModel.forward: precomputed roi_features would bypass the tuned visual network "
+                             "(tune_frcnn) in a step that computes gradients")
         embedded = self.embeddings(batch.input_ids, batch.element_kind, batch.segment_ids, batch.position_ids,
                                    batch.roi_index, batch.has_image, batch.boxes, roi_features, batch.roi_masked)
         return VLBertOutput(sequence_output=self.encoder(embedded, batch.attention_mask), roi_features=roi_features)

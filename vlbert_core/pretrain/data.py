@@ -1,10 +1,19 @@
 """Pre-training data: <Caption, Image> samples from the CC shards joined with their RoIs, <Text, ∅> samples
 from the text shards, masked for the active tasks and mixed 1:1 per mini-batch.
 
-Streams are single-process, deterministic and resumable: each one cycles over epochs (shard order and a
-shuffle buffer seeded by seed/rank/epoch), and its `state()` (epoch, raw samples consumed, plus what a
-replay cannot rebuild) restores it exactly; every sample's masking draws from its own generator seeded by
-its position, so a resumed run sees the very samples a straight run would.
+Data parallelism: the shards are split over S independent *streams* (S = world size x streams per rank);
+stream s reads shards[s::S] of each source, and rank r runs streams r*k .. r*k+k-1 (k streams per rank,
+in the training process or one DataLoader worker each). Every stream contributes the same share of each
+mini-batch, so the global batch of a step is the same set of samples whether S streams run in one
+process or in S ranks: only the partition, never the world size, decides the data.
+
+Streams are deterministic and resumable: each one cycles over epochs (shard order and a shuffle buffer
+seeded by seed/stream/epoch), and its `state()` (epoch, raw samples consumed, plus what a replay cannot
+rebuild) restores it exactly; every sample's masking draws from its own generator seeded by its
+position, so a resumed run sees the very samples a straight run would.
+
+Held-out captions: the first `held_out_per_shard` samples of every CC shard never enter pre-training;
+`read_held_out_captions` returns them for the visual-clue check.
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ NEGATIVE_CAPTION_POOL = 64   # recent captions that mismatched pairs (setting c)
 MISMATCH_PROB = 0.5
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png")
 _ROI_COLUMNS = ("key", "status", "error", "image_w", "image_h", "num_boxes", "boxes", "class_scores", "num_classes")
-_STREAM_CC, _STREAM_TEXT = 1, 2
+_SOURCE_CC, _SOURCE_TEXT = 1, 2  # seeds the shard order and the masking of each source
 
 
 # ---- RoI parquets -----------------------------------------------------------------------------------
@@ -122,8 +131,8 @@ def text_chunks(line_ids: list[list[int]], max_tokens: int) -> list[list[int]]:
     return chunks
 
 
-def sample_rng(seed: int, rank: int, stream: int, epoch: int, index: int, sub: int = 0) -> np.random.Generator:
-    return np.random.default_rng([seed, rank, stream, epoch, index, sub])
+def sample_rng(seed: int, stream: int, source: int, epoch: int, index: int, sub: int = 0) -> np.random.Generator:
+    return np.random.default_rng([seed, stream, source, epoch, index, sub])
 
 
 @dataclass
@@ -133,24 +142,82 @@ class StreamConfig:
     max_rois: int             # boxes per image incl. the whole-image box
     image_max_side: int
     seed: int
-    rank: int = 0
-    world_size: int = 1
+    stream: int = 0           # this stream's index s among the num_streams of the run
+    num_streams: int = 1      # S = world size x streams per rank
+    held_out_per_shard: int = 0  # first samples of every CC shard kept out of pre-training
 
 
-def _rank_shards(shards: list, rank: int, world_size: int, what: str) -> list:
-    mine = shards[rank::world_size]
+def _stream_shards(shards: list, stream: int, num_streams: int, what: str) -> list:
+    if not 0 <= stream < num_streams:
+        raise ValueError(f"{what}: stream {stream} is not in 0..{num_streams - 1}")
+    mine = shards[stream::num_streams]
     if not mine:
-        raise ValueError(f"{what}: {len(shards)} shards cannot feed {world_size} ranks (rank {rank} gets none)")
+        raise ValueError(f"{what}: {len(shards)} shards cannot feed {num_streams} data streams (world size x "
+                         f"pretrain.streams_per_rank); stream {stream} gets none")
     return mine
 
 
-def _epoch_pipeline(urls: list[str], seed: int, rank: int, stream: int, epoch: int) -> Iterator[dict]:
-    order = np.random.default_rng([seed, rank, stream, epoch]).permutation(len(urls))
-    return iter(wds.DataPipeline(
-        wds.SimpleShardList([urls[i] for i in order]),
-        wds.tarfile_to_samples(),
-        wds.shuffle(SHUFFLE_BUFFER, SHUFFLE_INITIAL, rng=random.Random(f"{seed}/{rank}/{stream}/{epoch}")),
-    ))
+def _drop_shard_prefix(count: int):
+    """A pipeline stage that drops the first `count` samples of every shard (the held-out captions)."""
+    def stage(samples: Iterator[dict]) -> Iterator[dict]:
+        seen: Counter = Counter()
+        for sample in samples:
+            url = sample["__url__"]
+            if seen[url] < count:
+                seen[url] += 1
+                continue
+            yield sample
+    return stage
+
+
+def _epoch_pipeline(urls: list[str], seed: int, stream: int, source: int, epoch: int,
+                    held_out_per_shard: int = 0) -> Iterator[dict]:
+    order = np.random.default_rng([seed, stream, source, epoch]).permutation(len(urls))
+    stages = [wds.SimpleShardList([urls[i] for i in order]), wds.tarfile_to_samples()]
+    if held_out_per_shard:
+        stages.append(_drop_shard_prefix(held_out_per_shard))
+    stages.append(wds.shuffle(SHUFFLE_BUFFER, SHUFFLE_INITIAL, rng=random.Random(f"{seed}/{stream}/{source}/{epoch}")))
+    return iter(wds.DataPipeline(*stages))
+
+
+def decode_cc_sample(raw: dict, rois: RoiEntry, image_max_side: int, max_rois: int) -> dict:
+    """The caption, the image (fitted to image_max_side, normalised) and its boxes (box 0 = whole image) with
+    their class scores (a zero row for box 0), from one raw CC sample and its RoI row."""
+    image_field = next(ext for ext in IMAGE_EXTENSIONS if ext in raw)
+    try:
+        with Image.open(io.BytesIO(raw[image_field])) as decoded:
+            img = decoded.convert("RGB")
+    except OSError as exc:
+        raise ValueError(f"CC shard {raw.get('__url__')} sample {raw.get('__key__')!r}: image does not decode: "
+                         f"{exc}") from exc
+    img, _ = fit_image(img, image_max_side)
+    width, height = img.size
+    scale = np.array([width / rois.image_w, height / rois.image_h] * 2, dtype=np.float32)
+    limits = np.array([width, height, width, height], dtype=np.float32)
+    boxes = boxes_with_whole_image(np.clip(rois.boxes * scale, 0.0, limits), width, height, max_rois)
+    class_scores = np.concatenate([np.zeros((1, rois.class_scores.shape[1]), np.float32), rois.class_scores])
+    return {"key": raw.get("__key__"), "caption": raw["txt"].decode("utf-8").strip(), "image": image_to_tensor(img),
+            "boxes": torch.from_numpy(boxes), "class_scores": class_scores[: boxes.shape[0]]}
+
+
+def _has_image_and_caption(raw: dict) -> bool:
+    return "txt" in raw and any(ext in raw for ext in IMAGE_EXTENSIONS)
+
+
+def read_held_out_captions(shard_pairs: list[tuple[str, str]], per_shard: int, cfg: StreamConfig) -> list[dict]:
+    """The held-out CC samples (the first `per_shard` of every shard, which no stream trains on) whose RoI row
+    is ok, decoded as by `decode_cc_sample`, in shard order."""
+    held_out = []
+    for url, parquet in shard_pairs:
+        entries, _, _ = read_cc_rois(parquet, cfg.max_rois - 1)
+        pipeline = wds.DataPipeline(wds.SimpleShardList([url]), wds.tarfile_to_samples())
+        for position, raw in enumerate(pipeline):
+            if position >= per_shard:
+                break
+            rois = entries.get(raw.get("__key__"))
+            if rois is not None and _has_image_and_caption(raw):
+                held_out.append(decode_cc_sample(raw, rois, cfg.image_max_side, cfg.max_rois))
+    return held_out
 
 
 # ---- the streams -------------------------------------------------------------------------------------
@@ -160,7 +227,7 @@ class CaptionImageStream:
 
     def __init__(self, shard_pairs: list[tuple[str, str]], tokenizer, vocab: MaskingVocab, cfg: StreamConfig,
                  setting: PretrainSetting, num_object_classes: int):
-        self.pairs = _rank_shards(shard_pairs, cfg.rank, cfg.world_size, "CC shards")
+        self.pairs = _stream_shards(shard_pairs, cfg.stream, cfg.num_streams, "CC shards")
         self.tokenizer, self.vocab, self.cfg, self.setting = tokenizer, vocab, cfg, setting
         self.num_object_classes = num_object_classes
         self._rois: dict[str, tuple[dict[str, RoiEntry], dict[str, str]]] = {}
@@ -170,11 +237,13 @@ class CaptionImageStream:
         self._iterator: Iterator[dict] | None = None
 
     def state(self) -> dict:
-        return {"epoch": self.epoch, "consumed": self.consumed, "recent_captions": list(self.recent_captions)}
+        return {"epoch": self.epoch, "consumed": self.consumed, "recent_captions": list(self.recent_captions),
+                "skipped": dict(self.skipped)}
 
     def load_state(self, state: dict) -> None:
         self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
         self.recent_captions = list(state["recent_captions"])
+        self.skipped = Counter(state["skipped"])
         self._iterator = None
 
     def _rois_of(self, url: str) -> tuple[dict[str, RoiEntry], dict[str, str]]:
@@ -187,7 +256,8 @@ class CaptionImageStream:
         return self._rois[url]
 
     def _start_epoch(self) -> None:
-        self._iterator = _epoch_pipeline([u for u, _ in self.pairs], self.cfg.seed, self.cfg.rank, _STREAM_CC, self.epoch)
+        self._iterator = _epoch_pipeline([u for u, _ in self.pairs], self.cfg.seed, self.cfg.stream, _SOURCE_CC,
+                                         self.epoch, self.cfg.held_out_per_shard)
         self._emitted_in_epoch, self._replayed = 0, self.consumed
         for _ in range(self.consumed):  # resume: replay the raw stream without decoding it
             next(self._iterator)
@@ -203,8 +273,9 @@ class CaptionImageStream:
                 raw = next(self._iterator)
             except StopIteration:
                 if self._emitted_in_epoch == 0 and self._replayed == 0:
-                    raise ValueError(f"CC shards {[u for u, _ in self.pairs]} yield no usable sample "
-                                     f"(skipped: {dict(self.skipped)})") from None
+                    raise ValueError(f"CC shards {[u for u, _ in self.pairs]} yield no usable sample (skipped: "
+                                     f"{dict(self.skipped)}; held out: the first {self.cfg.held_out_per_shard} "
+                                     f"of each shard)") from None
                 log.info("CC epoch %d done: %d raw samples; skipped so far %s", self.epoch, self.consumed,
                          dict(self.skipped))
                 self.epoch, self.consumed, self._iterator = self.epoch + 1, 0, None
@@ -218,8 +289,7 @@ class CaptionImageStream:
 
     def _make_sample(self, raw: dict, index: int) -> dict | None:
         key, url = raw.get("__key__"), raw.get("__url__")
-        image_field = next((ext for ext in IMAGE_EXTENSIONS if ext in raw), None)
-        if image_field is None or "txt" not in raw:
+        if not _has_image_and_caption(raw):
             self.skipped["missing_image_or_caption"] += 1
             log.warning("CC shard %s sample %r lacks an image or a caption (has %s); skipped",
                         url, key, sorted(k for k in raw if not k.startswith("__")))
@@ -230,19 +300,9 @@ class CaptionImageStream:
             # every CC sample is accounted for: its RoI row failed (download/decode) or does not exist
             self.skipped[f"roi_{failures[key]}" if key in failures else "no_roi_row"] += 1
             return None
-        try:
-            with Image.open(io.BytesIO(raw[image_field])) as decoded:
-                img = decoded.convert("RGB")
-        except OSError as exc:
-            raise ValueError(f"CC shard {url} sample {key!r}: image does not decode: {exc}") from exc
-        caption = raw["txt"].decode("utf-8").strip()
-        img, _ = fit_image(img, self.cfg.image_max_side)
-        width, height = img.size
-        scale = np.array([width / rois.image_w, height / rois.image_h] * 2, dtype=np.float32)
-        limits = np.array([width, height, width, height], dtype=np.float32)
-        boxes = boxes_with_whole_image(np.clip(rois.boxes * scale, 0.0, limits), width, height, self.cfg.max_rois)
-        class_scores = np.concatenate([np.zeros((1, rois.class_scores.shape[1]), np.float32), rois.class_scores])
-        rng = sample_rng(self.cfg.seed, self.cfg.rank, _STREAM_CC, self.epoch, index)
+        decoded = decode_cc_sample(raw, rois, self.cfg.image_max_side, self.cfg.max_rois)
+        caption, boxes = decoded["caption"], decoded["boxes"]
+        rng = sample_rng(self.cfg.seed, self.cfg.stream, _SOURCE_CC, self.epoch, index)
 
         relationship = IGNORE_INDEX
         if self.setting.relationship:
@@ -268,10 +328,9 @@ class CaptionImageStream:
                                    sep_id=self.tokenizer.sep_token_id, pad_id=self.tokenizer.pad_token_id)
         mlm_labels = [IGNORE_INDEX] + labels + [IGNORE_INDEX] * (len(seq.input_ids) - len(labels) - 1)
         return {
-            "key": key, "sequence": seq, "mlm_labels": mlm_labels, "image": image_to_tensor(img),
-            "boxes": torch.from_numpy(boxes), "roi_masked": torch.from_numpy(masked),
-            "roi_selected": torch.from_numpy(selected), "roi_labels": torch.from_numpy(class_scores),
-            "relationship": relationship,
+            "key": key, "sequence": seq, "mlm_labels": mlm_labels, "image": decoded["image"], "boxes": boxes,
+            "roi_masked": torch.from_numpy(masked), "roi_selected": torch.from_numpy(selected),
+            "roi_labels": torch.from_numpy(decoded["class_scores"]), "relationship": relationship,
         }
 
 
@@ -279,7 +338,7 @@ class TextStream:
     """Endless <Text, ∅> samples of up to max_text_len tokens cut from the documents of the text shards."""
 
     def __init__(self, shards: list[str], tokenizer, vocab: MaskingVocab, cfg: StreamConfig):
-        self.shards = _rank_shards(list(shards), cfg.rank, cfg.world_size, "text shards")
+        self.shards = _stream_shards(list(shards), cfg.stream, cfg.num_streams, "text shards")
         self.tokenizer, self.vocab, self.cfg = tokenizer, vocab, cfg
         self.epoch, self.docs_consumed, self.chunks_done = 0, 0, 0
         self.skipped: Counter = Counter()
@@ -287,11 +346,13 @@ class TextStream:
         self._pending: list[list[int]] = []   # chunks of the current document not yet emitted
 
     def state(self) -> dict:
-        return {"epoch": self.epoch, "docs_consumed": self.docs_consumed, "chunks_done": self.chunks_done}
+        return {"epoch": self.epoch, "docs_consumed": self.docs_consumed, "chunks_done": self.chunks_done,
+                "skipped": dict(self.skipped)}
 
     def load_state(self, state: dict) -> None:
         self.epoch, self.docs_consumed = int(state["epoch"]), int(state["docs_consumed"])
         self.chunks_done = int(state["chunks_done"])
+        self.skipped = Counter(state["skipped"])
         self._iterator, self._pending = None, []
 
     def _doc_chunks(self, raw: dict) -> list[list[int]]:
@@ -307,7 +368,7 @@ class TextStream:
         return text_chunks(line_ids, self.cfg.max_text_len - 2)
 
     def _start_epoch(self) -> None:
-        self._iterator = _epoch_pipeline(self.shards, self.cfg.seed, self.cfg.rank, _STREAM_TEXT, self.epoch)
+        self._iterator = _epoch_pipeline(self.shards, self.cfg.seed, self.cfg.stream, _SOURCE_TEXT, self.epoch)
         self._emitted_in_epoch, self._replayed = 0, self.docs_consumed
         if self.docs_consumed:  # resume: skip whole documents raw, then the chunks already emitted
             for _ in range(self.docs_consumed - 1):
@@ -336,7 +397,7 @@ class TextStream:
             self._pending = self._doc_chunks(raw)
         ids = self._pending.pop(0)
         self._emitted_in_epoch += 1
-        rng = sample_rng(self.cfg.seed, self.cfg.rank, _STREAM_TEXT, self.epoch, self.docs_consumed, self.chunks_done)
+        rng = sample_rng(self.cfg.seed, self.cfg.stream, _SOURCE_TEXT, self.epoch, self.docs_consumed, self.chunks_done)
         self.chunks_done += 1
         masked_ids, labels = whole_word_mask(ids, self.tokenizer.convert_ids_to_tokens(ids), rng, self.vocab)
         seq = build_input_sequence(masked_ids, None, None, cls_id=self.tokenizer.cls_token_id,
@@ -382,34 +443,105 @@ def collate_pretrain(samples: list[dict]) -> PretrainBatch:
     return PretrainBatch(inputs, mlm_labels, roi_labels, roi_selected, relationship)
 
 
-class PretrainBatches:
-    """Mini-batches of cc_batch_size CC samples (+ text_batch_size text samples when the setting uses the
-    text corpus: the 1:1 mix of the paper)."""
+class DataStream:
+    """One data-parallel stream: a CC stream (and a text stream when the setting uses the text corpus) and
+    its share of every mini-batch."""
 
-    def __init__(self, cc_stream: CaptionImageStream, text_stream: TextStream | None, cc_batch_size: int,
-                 text_batch_size: int):
-        if cc_batch_size < 1 or (text_stream is not None and text_batch_size < 1):
-            raise ValueError(f"batch sizes must be >= 1, got cc {cc_batch_size}, text {text_batch_size}")
-        self.cc_stream, self.text_stream = cc_stream, text_stream
-        self.cc_batch_size, self.text_batch_size = cc_batch_size, text_batch_size
+    def __init__(self, cc: CaptionImageStream, text: TextStream | None, cc_per_step: int, text_per_step: int):
+        if cc_per_step < 1 or (text is not None and text_per_step < 1):
+            raise ValueError(f"samples per stream and step must be >= 1, got cc {cc_per_step}, text {text_per_step}")
+        self.cc, self.text = cc, text
+        self.cc_per_step, self.text_per_step = cc_per_step, text_per_step
+
+    def next_samples(self) -> list[dict]:
+        samples = [next(self.cc) for _ in range(self.cc_per_step)]
+        if self.text is not None:
+            samples += [next(self.text) for _ in range(self.text_per_step)]
+        return samples
+
+    def state(self) -> dict:
+        return {"cc": self.cc.state(), "text": None if self.text is None else self.text.state()}
+
+    def load_state(self, state: dict) -> None:
+        self.cc.load_state(state["cc"])
+        if self.text is not None:
+            self.text.load_state(state["text"])
+
+
+class _StreamWorkers(torch.utils.data.IterableDataset):
+    """DataLoader worker w runs stream w and yields (its samples of one step, its state after them)."""
+
+    def __init__(self, streams: list[DataStream]):
+        self.streams = streams
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        stream = self.streams[info.id]
+        while True:
+            samples = stream.next_samples()
+            yield samples, stream.state()
+
+
+def _as_is(item):
+    return item
+
+
+class PretrainBatches:
+    """The mini-batches of one rank: each step, every one of its streams adds its share (cc_batch_size /
+    k CC samples, + text_batch_size / k text samples when the setting uses the text corpus: the 1:1 mix of
+    the paper), in stream order.
+
+    With `workers`, each stream runs in its own DataLoader worker process (decoding overlaps training);
+    the DataLoader hands out the workers' items in turn, so the batches are the same as without.
+    """
+
+    def __init__(self, streams: list[DataStream], *, workers: bool = False):
+        if not streams:
+            raise ValueError("PretrainBatches: no data stream")
+        self.streams, self.workers = streams, workers
+        self._states = [s.state() for s in streams]   # after the last batch handed out
+        self._loader_iter = None
 
     @property
     def samples_per_batch(self) -> int:
-        return self.cc_batch_size + (self.text_batch_size if self.text_stream is not None else 0)
+        return sum(s.cc_per_step + (s.text_per_step if s.text is not None else 0) for s in self.streams)
 
     def state(self) -> dict:
-        return {"cc": self.cc_stream.state(), "text": None if self.text_stream is None else self.text_stream.state()}
+        return {"streams": [dict(s) for s in self._states]}
 
     def load_state(self, state: dict) -> None:
-        self.cc_stream.load_state(state["cc"])
-        if self.text_stream is not None:
-            self.text_stream.load_state(state["text"])
+        if len(state["streams"]) != len(self.streams):
+            raise ValueError(f"data state has {len(state['streams'])} streams, this rank runs {len(self.streams)} "
+                             f"(pretrain.streams_per_rank changed?)")
+        for stream, stream_state in zip(self.streams, state["streams"]):
+            stream.load_state(stream_state)
+        self._states = [s.state() for s in self.streams]
+        self._loader_iter = None
+
+    def skipped(self) -> Counter:
+        """Samples skipped so far by this rank's streams, by reason (text reasons prefixed with text_)."""
+        total: Counter = Counter()
+        for state in self._states:
+            total.update(state["cc"]["skipped"])
+            if state["text"] is not None:
+                total.update({f"text_{k}": v for k, v in state["text"]["skipped"].items()})
+        return total
 
     def __iter__(self):
         return self
 
     def __next__(self) -> PretrainBatch:
-        samples = [next(self.cc_stream) for _ in range(self.cc_batch_size)]
-        if self.text_stream is not None:
-            samples += [next(self.text_stream) for _ in range(self.text_batch_size)]
+        samples: list[dict] = []
+        if not self.workers:
+            for j, stream in enumerate(self.streams):
+                samples += stream.next_samples()
+                self._states[j] = stream.state()
+        else:
+            if self._loader_iter is None:
+                loader = torch.utils.data.DataLoader(_StreamWorkers(self.streams), batch_size=None,
+                                                     num_workers=len(self.streams), collate_fn=_as_is)
+                self._loader_iter = iter(loader)
+            for j in range(len(self.streams)):
+                part, self._states[j] = next(self._loader_iter)
+                samples += part
         return collate_pretrain(samples)

@@ -4,18 +4,21 @@ AdamW (no weight decay on biases, LayerNorm and other 1-d parameters), linear wa
 decay, lr = lr_per_sample x global batch, gradient clipping, bf16 autocast on CUDA only, DDP when
 launched by torchrun (WORLD_SIZE > 1). A checkpoint (model, heads, optimiser, scheduler, step,
 metrics, RNG states and data positions of every rank) is written to <out_dir>/checkpoint.pt every
-`checkpoint_every` steps and at the end; a run finds it there and resumes.
+`checkpoint_every` steps and at the end; a run finds it there and resumes. At the end, the visual-clue
+check (visual_clue.py) measures MLM accuracy on held-out captions with and without the image.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
 import os
 import random
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -30,21 +33,27 @@ from vlbert_core.model.bert_init import read_bert_config
 from vlbert_core.model.config import bert_fields_from_hf_config
 from vlbert_core.utils import atomic_path, get_logger, seed_everything
 
-from .data import CaptionImageStream, PretrainBatches, StreamConfig, TextStream, pair_shards_with_rois
+from .data import (
+    CaptionImageStream, DataStream, PretrainBatches, StreamConfig, TextStream, pair_shards_with_rois,
+    read_held_out_captions,
+)
 from .masking import MaskingVocab
-from .objectives import VLBertForPretraining
-from .settings import get_setting
+from .objectives import VLBertForPretraining, target_counts
+from .settings import PretrainSetting, get_setting
+from .visual_clue import visual_clue_check
 
 log = get_logger(__name__)
 
 CHECKPOINT_FILE = "checkpoint.pt"
 METRICS_FILE = "metrics.jsonl"
-CHECKPOINT_FORMAT = 1
+VISUAL_CLUE_FILE = "visual_clue.json"
+CHECKPOINT_FORMAT = 2  # 2: data state per stream
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-6  # as in BERT and the released VL-BERT optimiser
 
 PRETRAIN_KEYS = ("steps", "cc_batch_size", "text_batch_size", "lr_per_sample", "weight_decay", "warmup_steps",
-                 "clip_grad", "max_text_len", "max_caption_len", "checkpoint_every")
+                 "clip_grad", "max_text_len", "max_caption_len", "checkpoint_every", "streams_per_rank",
+                 "stream_workers", "held_out_per_shard")
 MODEL_KEYS = ("bert_path", "num_hidden_layers", "geometry_dim", "max_rois", "image_max_side", "frozen_stages",
               "freeze_bn")
 
@@ -137,10 +146,54 @@ def _write_metrics(path: Path, records: list[dict]) -> None:
         tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
 
 
+def build_batches(spec: PretrainSetting, cc_shards: list, roi_parquets: list, text_shards: list, tokenizer,
+                  num_object_classes: int, stream_cfg: StreamConfig, pretrain_cfg: Mapping[str, Any], rank: int,
+                  world_size: int) -> PretrainBatches:
+    """This rank's streams (see data.py): streams rank*k .. rank*k+k-1 of world_size*k, k = streams_per_rank,
+    each with cc_batch_size/k CC samples (+ text_batch_size/k text samples) per step."""
+    per_rank = int(pretrain_cfg["streams_per_rank"])
+    cc_batch, text_batch = int(pretrain_cfg["cc_batch_size"]), int(pretrain_cfg["text_batch_size"])
+    if per_rank < 1 or cc_batch % per_rank or (spec.text_corpus and text_batch % per_rank):
+        raise ValueError(f"pretrain.streams_per_rank={per_rank} must be >= 1 and divide cc_batch_size={cc_batch}"
+                         f"{f' and text_batch_size={text_batch}' if spec.text_corpus else ''}")
+    if spec.text_corpus and not text_shards:
+        raise ValueError(f"setting {spec.name} uses the text corpus but no text shards were given")
+    vocab = MaskingVocab.from_tokenizer(tokenizer)
+    pairs = pair_shards_with_rois(list(cc_shards), list(roi_parquets))
+    streams = []
+    for j in range(per_rank):
+        cfg = dataclasses.replace(stream_cfg, stream=rank * per_rank + j, num_streams=world_size * per_rank)
+        cc = CaptionImageStream(pairs, tokenizer, vocab, cfg, spec, num_object_classes)
+        text = TextStream(list(text_shards), tokenizer, vocab, cfg) if spec.text_corpus else None
+        streams.append(DataStream(cc, text, cc_batch // per_rank, text_batch // per_rank))
+    return PretrainBatches(streams, workers=bool(pretrain_cfg["stream_workers"]))
+
+
+def run_visual_clue_check(module: VLBertForPretraining, cc_shards: list, roi_parquets: list, tokenizer,
+                          stream_cfg: StreamConfig, out: Path, device: torch.device) -> dict:
+    """Measure and write out/visual_clue.json (main rank only)."""
+    held_out = read_held_out_captions(pair_shards_with_rois(list(cc_shards), list(roi_parquets)),
+                                      stream_cfg.held_out_per_shard, stream_cfg)
+    record = {"setting": module.setting.name,
+              "held_out": f"the first {stream_cfg.held_out_per_shard} samples of each of the {len(cc_shards)} CC "
+                          f"shards (pretrain.held_out_per_shard), never trained on; {len(held_out)} with RoIs"}
+    if held_out:
+        record |= visual_clue_check(module.model, module.heads.mlm, held_out, tokenizer, stream_cfg.max_caption_len,
+                                    device)
+    else:
+        log.warning("no held-out caption (pretrain.held_out_per_shard=%d): visual-clue check not measured",
+                    stream_cfg.held_out_per_shard)
+        record |= {"captions": 0, "with_image": None, "blank_image": None}
+    with atomic_path(out / VISUAL_CLUE_FILE) as tmp:
+        tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return record
+
+
 def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: list, detector_path: str,
              model_cfg: dict, pretrain_cfg: dict, out_dir: str, seed: int, device: str, *,
              stop_after_step: int | None = None) -> dict:
-    """Pre-train VL-BERT for one Table 4 setting; writes out_dir/{model.safetensors, config.json, metrics.jsonl}.
+    """Pre-train VL-BERT for one Table 4 setting; writes out_dir/{model.safetensors, config.json, metrics.jsonl,
+    visual_clue.json}.
 
     `stop_after_step` ends the run right after that step's checkpoint without writing the final outputs,
     as an interruption would (used to test resuming). Returns a summary dict.
@@ -157,38 +210,34 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
     model = VLBertModel.from_bert(config, detector.state_dict())
     del detector
 
+    module = VLBertForPretraining(model, spec)
+    loaded = module.heads.load_from_bert(config.bert_path)
+    log.info("heads from BERT: %s (the rest initialised N(0, 0.02))", loaded)
+    module.to(dev)
+    tokenizer = load_tokenizer(config.bert_path)
+    stream_cfg = StreamConfig(max_caption_len=int(pretrain_cfg["max_caption_len"]),
+                              max_text_len=int(pretrain_cfg["max_text_len"]), max_rois=int(model_cfg["max_rois"]),
+                              image_max_side=int(model_cfg["image_max_side"]), seed=seed,
+                              held_out_per_shard=int(pretrain_cfg["held_out_per_shard"]))
+
     if not spec.trains:
         if is_main:
             model.save(out)
             _write_metrics(out / METRICS_FILE, [{"step": 0, "setting": spec.name, "steps": 0, "samples": 0,
                                                  "note": "not pre-trained: the BERT-initialised model"}])
+            # The control: the visual term enters through zero-initialised LayerNorms, so both numbers match.
+            run_visual_clue_check(module, cc_shards, roi_parquets, tokenizer, stream_cfg, out, dev)
         log.info("setting %s: wrote the BERT-initialised model to %s without training", spec.name, out)
+        if world_size > 1:
+            dist.barrier()
         return {"setting": spec.name, "steps": 0}
 
     steps, warmup = int(pretrain_cfg["steps"]), int(pretrain_cfg["warmup_steps"])
     if steps < 1 or warmup < 0 or int(pretrain_cfg["checkpoint_every"]) < 1:
         raise ValueError(f"pretrain: steps ({steps}) and checkpoint_every must be >= 1, warmup_steps >= 0")
-    module = VLBertForPretraining(model, spec)
-    loaded = module.heads.load_from_bert(config.bert_path)
-    log.info("heads from BERT: %s (the rest initialised N(0, 0.02))", loaded)
-    module.to(dev)
     seed_everything(seed + rank)  # identical init on every rank (above), but each rank its own dropout masks
-
-    tokenizer = load_tokenizer(config.bert_path)
-    stream_cfg = StreamConfig(max_caption_len=int(pretrain_cfg["max_caption_len"]),
-                              max_text_len=int(pretrain_cfg["max_text_len"]), max_rois=int(model_cfg["max_rois"]),
-                              image_max_side=int(model_cfg["image_max_side"]), seed=seed, rank=rank,
-                              world_size=world_size)
-    vocab = MaskingVocab.from_tokenizer(tokenizer)
-    cc_stream = CaptionImageStream(pair_shards_with_rois(list(cc_shards), list(roi_parquets)), tokenizer, vocab,
-                                   stream_cfg, spec, config.num_object_classes)
-    text_stream = None
-    if spec.text_corpus:
-        if not text_shards:
-            raise ValueError(f"setting {spec.name} uses the text corpus but no text shards were given")
-        text_stream = TextStream(list(text_shards), tokenizer, vocab, stream_cfg)
-    batches = PretrainBatches(cc_stream, text_stream, int(pretrain_cfg["cc_batch_size"]),
-                              int(pretrain_cfg["text_batch_size"]))
+    batches = build_batches(spec, cc_shards, roi_parquets, text_shards, tokenizer, config.num_object_classes,
+                            stream_cfg, pretrain_cfg, rank, world_size)
 
     global_batch = batches.samples_per_batch * world_size
     peak_lr = float(pretrain_cfg["lr_per_sample"]) * global_batch
@@ -233,8 +282,9 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
         train_module = torch.nn.parallel.DistributedDataParallel(
             module, device_ids=[dev.index] if dev.type == "cuda" else None)
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else contextlib.nullcontext())
-    log.info("setting %s (%s): %d steps, global batch %d (%d per rank), peak lr %.3g, %d/%d parameters trainable",
-             spec.name, spec.to_dict(), steps, global_batch, batches.samples_per_batch, peak_lr,
+    log.info("setting %s (%s): %d steps, global batch %d (%d per rank, %d data streams%s), peak lr %.3g, "
+             "%d/%d parameters trainable", spec.name, spec.to_dict(), steps, global_batch, batches.samples_per_batch,
+             world_size * len(batches.streams), " in DataLoader workers" if batches.workers else "", peak_lr,
              sum(p.numel() for p in trainable), sum(p.numel() for p in module.parameters()))
 
     train_module.train()
@@ -243,8 +293,13 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
     while step < steps:
         started = time.perf_counter()
         batch = next(batches).to(dev)
+        normalisers = None
+        if world_size > 1:  # each loss = this rank's sum / (global target count / world size): see objectives
+            normalisers = target_counts(batch)
+            dist.all_reduce(normalisers)
+            normalisers /= world_size
         with autocast:
-            results = train_module(batch)
+            results = train_module(batch, normalisers)
         optimizer.zero_grad(set_to_none=True)
         results["loss"].backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, float(pretrain_cfg["clip_grad"]))
@@ -279,12 +334,13 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
             return {"setting": spec.name, "steps": step, "stopped": True, "resumed_from": resumed_from}
     progress.close()
 
+    skipped = sum((Counter(s) for s in _gather(dict(batches.skipped()), world_size)), Counter())
+    log.info("setting %s done: %d steps, skipped samples (all ranks) %s", spec.name, step, dict(skipped))
     if is_main:
         module.model.save(out)
         _write_metrics(out / METRICS_FILE, metrics)
-    skipped = dict(cc_stream.skipped) | ({f"text_{k}": v for k, v in text_stream.skipped.items()} if text_stream else {})
-    log.info("setting %s done: %d steps, skipped samples %s", spec.name, step, skipped)
+        run_visual_clue_check(module, cc_shards, roi_parquets, tokenizer, stream_cfg, out, dev)
     if world_size > 1:
         dist.barrier()
     return {"setting": spec.name, "steps": step, "resumed_from": resumed_from, "final": metrics[-1] if metrics else None,
-            "skipped": skipped}
+            "skipped": dict(skipped)}

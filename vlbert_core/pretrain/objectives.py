@@ -13,17 +13,47 @@ from .masking import IGNORE_INDEX
 from .settings import PretrainSetting
 
 
+TASK_NAMES = ("mlm", "mlm_text", "roi", "rel")
+
+
 def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean over rows of -sum_c t_c log softmax(logits)_c, with each target row renormalised to sum 1."""
+    """Per row: -sum_c t_c log softmax(logits)_c, with each target row renormalised to sum 1."""
     targets = targets / targets.sum(-1, keepdim=True).clamp(min=1e-12)
-    return -(targets * F.log_softmax(logits, dim=-1)).sum(-1).mean()
+    return -(targets * F.log_softmax(logits, dim=-1)).sum(-1)
+
+
+def _targets(batch: PretrainBatch) -> dict[str, torch.Tensor]:
+    """Bool masks of each task's targets: MLM positions of image rows / of text rows [B, L], selected
+    [IMG] elements [B, L] (None when the batch has no image), labelled relationship rows [B]."""
+    inputs = batch.inputs
+    has_label = batch.mlm_labels != IGNORE_INDEX
+    row_has_image = inputs.has_image[:, None]
+    targets = {"mlm": has_label & row_has_image, "mlm_text": has_label & ~row_has_image,
+               "rel": batch.relationship_labels != IGNORE_INDEX, "roi": None}
+    if batch.roi_selected is not None:
+        is_img = inputs.element_kind == IMG
+        targets["roi"] = torch.gather(batch.roi_selected, 1, inputs.roi_index) & is_img & inputs.attention_mask
+    return targets
+
+
+def target_counts(batch: PretrainBatch) -> torch.Tensor:
+    """Float [len(TASK_NAMES)]: the number of targets of each task in the batch."""
+    targets = _targets(batch)
+    return torch.stack([torch.zeros((), device=batch.mlm_labels.device) if targets[name] is None
+                        else targets[name].sum().float() for name in TASK_NAMES])
 
 
 class VLBertForPretraining(nn.Module):
     """forward(batch) -> {name: scalar tensor}: "loss" (the sum that is trained) and, for each active task,
-    its loss and accuracy. Keys present = tasks active in the setting (and present in the batch):
-    mlm_loss/mlm_acc (captions, Task 1), mlm_text_loss/mlm_text_acc (text corpus), roi_loss/roi_acc (Task 2),
-    rel_loss/rel_acc (sentence-image relationship)."""
+    its loss and accuracy. Keys present = tasks active in the setting: mlm_loss/mlm_acc (captions, Task 1),
+    mlm_text_loss/mlm_text_acc (text corpus), roi_loss/roi_acc (Task 2), rel_loss/rel_acc (sentence-image
+    relationship).
+
+    Each loss is a sum over the task's targets divided by `normalisers[task]` (default: the batch's own
+    target count, a plain mean). Under DDP the loop passes the global count / world size, so that the
+    gradients DDP averages over ranks are exactly those of one process on the global batch (a mean of
+    per-rank means would weight the targets of a rank with few of them more).
+    """
 
     def __init__(self, model: VLBertModel, setting: PretrainSetting):
         super().__init__()
@@ -32,56 +62,58 @@ class VLBertForPretraining(nn.Module):
         self.heads = PretrainingHeads(model.config, model.word_embeddings(), masked_roi_cls=setting.masked_roi_cls,
                                       relationship=setting.relationship)
 
-    def forward(self, batch: PretrainBatch) -> dict[str, torch.Tensor]:
+    def forward(self, batch: PretrainBatch, normalisers: torch.Tensor | None = None,
+                roi_features: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """`normalisers`: Float [len(TASK_NAMES)] (see the class); `roi_features`: precomputed visual network
+        output for frozen settings (see VLBertModel.forward)."""
         inputs = batch.inputs
-        hidden = self.model(inputs).sequence_output
+        hidden = self.model(inputs, roi_features=roi_features).sequence_output
+        targets = _targets(batch)
+        if normalisers is None:
+            normalisers = target_counts(batch)
+        norm = dict(zip(TASK_NAMES, normalisers.unbind()))
         out: dict[str, torch.Tensor] = {}
         losses: list[torch.Tensor] = []
 
-        # MLM: one head pass over every masked position, reported separately for captions and text.
-        target_pos = batch.mlm_labels != IGNORE_INDEX
-        logits = self.heads.mlm(hidden[target_pos]).float()
-        labels = batch.mlm_labels[target_pos]
-        per_token = F.cross_entropy(logits, labels, reduction="none") if labels.numel() else logits.sum(-1)
-        correct = (logits.argmax(-1) == labels).float()
-        row_has_image = inputs.has_image[:, None].expand_as(batch.mlm_labels)[target_pos]
-        for name, group in (("mlm", row_has_image), ("mlm_text", ~row_has_image)):
-            if name == "mlm" and not self.setting.mlm_visual:
-                continue
-            if name == "mlm_text" and not self.setting.text_corpus:
-                continue
-            if bool(group.any()):
-                loss = per_token[group].mean()
-                out[f"{name}_acc"] = correct[group].mean().detach()
-            else:  # no word drawn for masking in this batch: a zero that keeps the head in the graph
-                loss = logits.sum() * 0.0
+        def add(name: str, per_target_loss: torch.Tensor, correct: torch.Tensor) -> None:
+            # The head runs even on zero targets (an empty input), so its parameters get a (zero) gradient
+            # on every rank, as DDP requires. A task without targets anywhere gets a NaN accuracy.
+            if float(norm[name]) > 0:
+                loss = per_target_loss.sum() / norm[name]
+                out[f"{name}_acc"] = (correct.float().sum() / norm[name]).detach()
+            else:
+                loss = per_target_loss.sum() * 0.0
                 out[f"{name}_acc"] = torch.tensor(float("nan"), device=hidden.device)
             out[f"{name}_loss"] = loss
             losses.append(loss)
 
+        # MLM: one head pass over every masked position, reported separately for captions and text.
+        any_mlm = targets["mlm"] | targets["mlm_text"]
+        logits = self.heads.mlm(hidden[any_mlm]).float()
+        labels = batch.mlm_labels[any_mlm]
+        per_token = F.cross_entropy(logits, labels, reduction="none")
+        correct = logits.argmax(-1) == labels
+        row_has_image = targets["mlm"][any_mlm]
+        for name, group, active in (("mlm", row_has_image, self.setting.mlm_visual),
+                                    ("mlm_text", ~row_has_image, self.setting.text_corpus)):
+            if active:
+                add(name, per_token[group], correct[group])
+
         if self.heads.roi_cls is not None:
-            is_img = inputs.element_kind == IMG
-            selected = torch.gather(batch.roi_selected, 1, inputs.roi_index) & is_img & inputs.attention_mask
+            selected = targets["roi"] if targets["roi"] is not None else torch.zeros_like(inputs.attention_mask)
             roi_logits = self.heads.roi_cls(hidden[selected]).float()
-            sample_idx = selected.nonzero(as_tuple=True)[0]
-            targets = batch.roi_labels[sample_idx, inputs.roi_index[selected]]
-            if roi_logits.shape[0]:
-                loss = soft_cross_entropy(roi_logits, targets)
-                out["roi_acc"] = (roi_logits.argmax(-1) == targets.argmax(-1)).float().mean().detach()
+            if targets["roi"] is not None:
+                sample_idx = selected.nonzero(as_tuple=True)[0]
+                roi_targets = batch.roi_labels[sample_idx, inputs.roi_index[selected]]
             else:
-                loss = self.heads.roi_cls(hidden[:, :1]).sum() * 0.0
-                out["roi_acc"] = torch.tensor(float("nan"), device=hidden.device)
-            out["roi_loss"] = loss
-            losses.append(loss)
+                roi_targets = roi_logits.new_zeros(roi_logits.shape)
+            add("roi", soft_cross_entropy(roi_logits, roi_targets), roi_logits.argmax(-1) == roi_targets.argmax(-1))
 
         if self.heads.relationship is not None:
-            has_label = batch.relationship_labels != IGNORE_INDEX
+            has_label = targets["rel"]
             rel_logits = self.heads.relationship(hidden[:, 0][has_label]).float()
             rel_labels = batch.relationship_labels[has_label]
-            loss = F.cross_entropy(rel_logits, rel_labels)
-            out["rel_loss"] = loss
-            out["rel_acc"] = (rel_logits.argmax(-1) == rel_labels).float().mean().detach()
-            losses.append(loss)
+            add("rel", F.cross_entropy(rel_logits, rel_labels, reduction="none"), rel_logits.argmax(-1) == rel_labels)
 
         out["loss"] = torch.stack(losses).sum()
         return out

@@ -4,6 +4,15 @@ This module reads eval JSONs only (never models or data). Every measured cell is
 eval JSON, and the row names that JSON, its split and its example count, so a number can always be
 traced to the predictions it was computed from. A cell we did not measure stays empty and the row's
 `note` says why; it is never filled with the paper's number.
+
+CSV layout (one file per table, `results/tables/{name}.csv`):
+- one row per model; `source` is `reported` (the paper's number, Su et al. ICLR 2020) or `measured`;
+- a measured row sits right below the paper's row of the same setting, so each setting reads as
+  "paper, then ours";
+- the metric columns come first and side by side: `{col}` (the row's number) and, on measured rows,
+  `{col}_paper` (the paper's number for the same setting, for reading without looking up a row);
+- then where each measured number came from: `{col}_split`, `{col}_examples`, `{col}_eval`;
+- `note` says why a cell is empty.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from vlbert_core.utils import atomic_path, get_logger
 
 log = get_logger(__name__)
 
+# How the paper names each setting in Table 4.
 SETTING_NAMES = {
     "none": "w/o pre-training",
     "a": "(a)",
@@ -29,6 +39,9 @@ SETTING_NAMES = {
 }
 # The Table 4 switch columns, in the paper's order; the switches themselves live in pretrain.settings.
 SWITCH_COLUMNS = ["mlm_visual", "masked_roi_cls", "relationship", "text_corpus", "tune_frcnn"]
+SWITCH_TITLES = ["MLM w/ visual clues", "masked RoI cls", "sentence-image rel.", "text-only corpus",
+                 "tuning Fast R-CNN"]
+PAPER = "Su et al., ICLR 2020"
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,7 @@ class TableSpec:
     title: str
     columns: list[Column]
     schedule: str
+    decimals: int  # the paper's precision in this table; the Markdown shows both numbers with it
     settings: list[str] = field(default_factory=list)  # measured settings; empty → from config
 
 
@@ -67,6 +81,7 @@ TABLE_SPECS = {
             Column("q2ar_test", "Q→AR test", None, None, NO_TEST_LABELS),
         ],
         schedule="full",
+        decimals=1,
         settings=["none", "full"],
     ),
     "table2_vqa": TableSpec(
@@ -77,6 +92,7 @@ TABLE_SPECS = {
             Column("test_std", "test-std", None, None, NO_TEST_LABELS),
         ],
         schedule="full",
+        decimals=2,
         settings=["none", "full"],
     ),
     "table3_refcoco": TableSpec(
@@ -91,6 +107,7 @@ TABLE_SPECS = {
             Column("det_testB", "detected testB", "refcoco_det", "testB"),
         ],
         schedule="full",
+        decimals=2,
         settings=["none", "full"],
     ),
     "table4_ablation": TableSpec(
@@ -103,6 +120,7 @@ TABLE_SPECS = {
             Column("refcoco_det_val", "RefCOCO+ detected val", "refcoco_det", "val"),
         ],
         schedule="half",
+        decimals=1,
     ),
 }
 
@@ -115,7 +133,10 @@ def load_reported() -> list[dict]:
     """The paper's numbers (PAPER.md), kept inside the package so users need nothing else."""
     text = resources.files("vlbert_core.tables").joinpath("reported.csv").read_text(encoding="utf-8")
     rows = list(csv.DictReader(text.splitlines()))
-    for row in rows:
+    known = {(name, col.name) for name, spec in TABLE_SPECS.items() for col in spec.columns}
+    for i, row in enumerate(rows, start=2):  # line 1 is the header
+        if (row["table"], row["column"]) not in known:
+            raise ValueError(f"reported.csv line {i}: unknown table/column {row['table']}/{row['column']}")
         row["value"] = float(row["value"])
     return rows
 
@@ -133,18 +154,29 @@ def read_eval(path: Path) -> dict:
     return record
 
 
-def _row_header(spec: TableSpec) -> list[str]:
+def table_header(spec: TableSpec) -> list[str]:
     header = ["source", "model", "setting", "schedule", "dataset"]
     if spec.name == "table4_ablation":
         header += SWITCH_COLUMNS
     for col in spec.columns:
-        header += [col.name, f"{col.name}_split", f"{col.name}_examples", f"{col.name}_eval"]
+        header += [col.name, f"{col.name}_paper"]
+    for col in spec.columns:
+        header += [f"{col.name}_split", f"{col.name}_examples", f"{col.name}_eval"]
     return header + ["note"]
 
 
 def _switch_cells(setting: str) -> dict:
     switches = get_setting(setting).to_dict()
     return {name: ("✓" if switches[name] else "") for name in SWITCH_COLUMNS}
+
+
+def measured_model_name(model_name: str, setting: str) -> str:
+    """Our model's name in the paper's words: 'X w/o pre-training', 'X' (full), 'X, setting (a)'."""
+    if setting == "none":
+        return f"{model_name} w/o pre-training"
+    if setting == "full":
+        return model_name
+    return f"{model_name}, setting {SETTING_NAMES[setting]}"
 
 
 def build_table(
@@ -154,33 +186,38 @@ def build_table(
     dataset: str,
     model_name: str,
 ) -> list[dict]:
-    """Rows of one table: the paper's rows, then one measured row per setting we ran.
-
-    For Table 4 the reported and measured rows of a setting sit next to each other.
-    """
+    """Rows of one table: the paper's rows, each VL-BERT setting followed by our row for it."""
     reported = [r for r in load_reported() if r["table"] == spec.name]
-    measured_settings = [s for s in (spec.settings or settings) if s in settings]
+    paper_settings = list(dict.fromkeys(spec.settings or SETTING_NAMES))
+    measured_settings = [s for s in paper_settings if s in settings]
 
-    def reported_rows(model: str, setting: str) -> dict:
+    def reported_row(model: str, setting: str) -> dict:
         row = {"source": "reported", "model": model, "setting": setting, "schedule": "", "dataset": "real"}
         if spec.name == "table4_ablation":
             row.update(_switch_cells(setting))
         for r in reported:
             if r["model"] == model:
                 row[r["column"]] = r["value"]
-        row["note"] = "Su et al., ICLR 2020"
+        missing = [col.title for col in spec.columns if col.name not in row]
+        row["note"] = PAPER + (f"; the paper gives no number for {', '.join(missing)}" if missing else "")
         return row
 
-    def measured_row(setting: str) -> dict:
+    def measured_row(setting: str, paper_row: dict | None) -> dict:
         row = {
             "source": "measured",
-            "model": f"{model_name}, {SETTING_NAMES[setting]}",
+            "model": measured_model_name(model_name, setting),
             "setting": setting,
             "schedule": spec.schedule,
             "dataset": dataset,
         }
         if spec.name == "table4_ablation":
             row.update(_switch_cells(setting))
+        for col in spec.columns:
+            if paper_row is not None and col.name in paper_row:
+                row[f"{col.name}_paper"] = paper_row[col.name]
+        if setting not in settings:
+            row["note"] = f"not run: setting {setting!r} is not in the config's pretrain.settings {settings}"
+            return row
         notes = []
         for col in spec.columns:
             if col.eval_task is None:
@@ -198,16 +235,16 @@ def build_table(
         row["note"] = "; ".join(notes)
         return row
 
-    models = list(dict.fromkeys((r["model"], r["setting"]) for r in reported))
     rows: list[dict] = []
-    if spec.name == "table4_ablation":
-        for model, setting in models:
-            rows.append(reported_rows(model, setting))
-            if setting in measured_settings:
-                rows.append(measured_row(setting))
-    else:
-        rows += [reported_rows(model, setting) for model, setting in models]
-        rows += [measured_row(setting) for setting in measured_settings]
+    placed = set()
+    for model, setting in dict.fromkeys((r["model"], r["setting"]) for r in reported):
+        paper_row = reported_row(model, setting)
+        rows.append(paper_row)
+        if setting in paper_settings:
+            rows.append(measured_row(setting, paper_row))
+            placed.add(setting)
+    # A setting we measure that has no row in the paper still gets its row, at the end.
+    rows += [measured_row(s, None) for s in measured_settings if s not in placed]
     return rows
 
 
@@ -224,16 +261,24 @@ def _csv_cell(value) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def _fmt(value) -> str:
-    return f"{value:.1f}" if isinstance(value, float) else "–"
+def format_number(value, decimals: int) -> str:
+    """A table cell for reading: the paper's precision, `–` for no number."""
+    return f"{value:.{decimals}f}" if isinstance(value, float) else "–"
 
 
 def markdown_table(spec: TableSpec, rows: list[dict], dataset: str) -> str:
-    """The Markdown twin: one line per model (Table 4: per setting, `paper / ours` in each cell)."""
+    """The Markdown twin, for reading.
+
+    Table 4: one line per setting, `paper / ours` in each cell. Tables 1–3: one line per row of the
+    CSV, our row right below the paper's row of the same setting.
+    """
     lines = [f"# {spec.title}", ""]
+
+    def fmt(value) -> str:
+        return format_number(value, spec.decimals)
+
     if spec.name == "table4_ablation":
-        header = ["setting", "MLM w/ visual clues", "masked RoI cls", "sentence-image rel.",
-                  "text-only corpus", "tuning Fast R-CNN"] + [f"{c.title} (paper / ours)" for c in spec.columns]
+        header = ["setting"] + SWITCH_TITLES + [f"{c.title} (paper / ours)" for c in spec.columns]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         by_setting: dict[str, dict[str, dict]] = {}
         for row in rows:
@@ -241,25 +286,30 @@ def markdown_table(spec: TableSpec, rows: list[dict], dataset: str) -> str:
         for setting, pair in by_setting.items():
             paper, ours = pair.get("reported", {}), pair.get("measured", {})
             cells = [SETTING_NAMES[setting]] + [_switch_cells(setting)[s] for s in SWITCH_COLUMNS]
-            cells += [f"{_fmt(paper.get(c.name))} / {_fmt(ours.get(c.name))}" for c in spec.columns]
+            cells += [f"{fmt(paper.get(c.name))} / {fmt(ours.get(c.name))}" for c in spec.columns]
             lines.append("| " + " | ".join(cells) + " |")
     else:
         header = ["source", "model"] + [c.title for c in spec.columns]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for row in rows:
-            cells = [row["source"], row["model"]] + [_fmt(row.get(c.name)) for c in spec.columns]
+            cells = [row["source"], row["model"]] + [fmt(row.get(c.name)) for c in spec.columns]
             lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"Measured rows ran on the **{dataset}** data (schedule `{spec.schedule}`)."]
+    lines += ["", (f"Measured rows ran on the **{dataset}** data (schedule `{spec.schedule}`); "
+                   "`–` is a cell without a number (the notes below say why).")]
     measured = [r for r in rows if r["source"] == "measured"]
     for col in spec.columns:
         if col.eval_task is None:
             lines.append(f"- {col.title}: {col.not_run_reason}.")
         elif measured:
-            examples = sorted({r.get(f"{col.name}_examples") for r in measured})
-            split = measured[0].get(f"{col.name}_split")
-            lines.append(f"- {col.title}: our split `{split}`, {', '.join(map(str, examples))} examples; "
-                         f"eval JSONs under `results/eval/{col.eval_task}/`.")
-    lines.append("- Reported rows: Su et al., ICLR 2020 († concurrent work, as the paper labels it).")
+            examples = sorted({r[f"{col.name}_examples"] for r in measured if f"{col.name}_examples" in r})
+            splits = sorted({r[f"{col.name}_split"] for r in measured if f"{col.name}_split" in r})
+            lines.append(f"- {col.title}: our split `{', '.join(splits)}`, {', '.join(map(str, examples))} "
+                         f"examples; eval JSONs under `results/eval/{col.eval_task}/`.")
+    for row in measured:
+        if row["note"].startswith("not run: setting"):
+            lines.append(f"- {row['model']}: {row['note']}.")
+    lines.append(f"- Reported rows: {PAPER} († concurrent work, as the paper labels it); `–` where the "
+                 "paper gives no number.")
     return "\n".join(lines) + "\n"
 
 
@@ -278,7 +328,7 @@ def write_tables(results_dir: str | Path, tables_dir: str | Path, settings: list
     for spec in TABLE_SPECS.values():
         rows = build_table(spec, results_dir, settings, dataset, describe_model(model_cfg))
         csv_path = tables_dir / f"{spec.name}.csv"
-        write_csv(rows, _row_header(spec), csv_path)
+        write_csv(rows, table_header(spec), csv_path)
         with atomic_path(tables_dir / f"{spec.name}.md") as tmp:
             tmp.write_text(markdown_table(spec, rows, dataset), encoding="utf-8")
         log.info("wrote %s (%d rows)", csv_path, len(rows))

@@ -6,11 +6,12 @@ rule pretrain:
         cc_shards=pretrain_cc_shards,
         roi_parquets=pretrain_roi_parquets,
         text_shards=pretrain_text_shards,
-        detector=rules.train_detector.output.model,
+        detector=DETECTOR_MODEL,  # rois.smk: detector.weights or results/detector/model.pt
     output:
         model="results/pretrain/{setting}/model.safetensors",
         config="results/pretrain/{setting}/config.json",
         metrics="results/pretrain/{setting}/metrics.jsonl",
+        visual_clue="results/pretrain/{setting}/visual_clue.json",
     params:
         setting=lambda wc: wc.setting,
         model=stable(config["model"]),

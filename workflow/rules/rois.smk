@@ -1,84 +1,167 @@
 # The ResNet-C4 Faster R-CNN and the per-image RoIs (DESIGN §4: score > 0.5, 10..100 boxes).
+#
+# The detector: trained on the data's COCO-style annotations (rule train_detector) when
+# detector.weights is null, otherwise the checkpoint at that path (train_detector's format, see
+# config/schema.yaml); train_detector is then not part of the DAG.
+#
+# The RoIs of each dataset (rois.source): detected by that detector (rules extract_rois,
+# extract_task_rois) or imported from a bottom-up-attention TSV (rules import_rois,
+# import_task_rois). Each output path has exactly one producing rule for a given config.
 
-from snakemake.exceptions import WorkflowError
-
-if config["detector"]["weights"]:
-    raise WorkflowError(
-        f"detector.weights = {config['detector']['weights']!r}: loading published detector weights "
-        "is not built yet; set detector.weights to null to train the detector on the data's "
-        "COCO-style annotations (rule train_detector)"
-    )
-
-
-rule train_detector:
-    input:
-        train=config["sources"]["detector"]["annotations"].format(split="train"),
-        val=config["sources"]["detector"]["annotations"].format(split="val"),
-    output:
-        model="results/detector/model.pt",
-        metrics="results/detector/metrics.json",
-    params:
-        detector=stable(config["detector"]),
-        images=config["sources"]["detector"]["images"],
-        seed=config["seed"],
-    log:
-        "logs/train_detector.log",
-    benchmark:
-        "benchmarks/rules/train_detector.tsv"
-    threads: 2
-    resources:
-        mem_mb=4000,
-        runtime=120,
-        gpu=1 if config["device"] == "cuda" else 0,
-    script:
-        "../scripts/train_detector.py"
+DETECTOR_MODEL = config["detector"]["weights"] or "results/detector/model.pt"
+ROI_SOURCES = config["rois"]["source"]
+# What the RoI jobs depend on in `rois:`; the sources choose rules and inputs, not job results.
+# An import keeps the TSV's own selection, so only the box bounds and the batching reach it.
+ROI_RULE_PARAMS = stable({k: v for k, v in config["rois"].items() if k != "source"})
+ROI_IMPORT_PARAMS = stable(
+    {k: config["rois"][k] for k in ("min_boxes", "max_boxes", "batch_size", "num_workers")}
+)
+TASK_DATASETS = ["vqa", "refcoco"]
+DETECTED_TASK_DATASETS = [d for d in TASK_DATASETS if ROI_SOURCES[d] == "detector"]
+IMPORTED_TASK_DATASETS = [d for d in TASK_DATASETS if ROI_SOURCES[d] != "detector"]
 
 
-rule extract_rois:
-    input:
-        tar="results/shards/cc/{split}-{shard}.tar",
-        model=rules.train_detector.output.model,
-    output:
-        parquet="results/rois/cc/{split}-{shard}.parquet",
-    params:
-        rois=stable(config["rois"]),
-        device=config["device"],
-    log:
-        "logs/extract_rois/cc/{split}-{shard}.log",
-    benchmark:
-        "benchmarks/rules/extract_rois/cc/{split}-{shard}.tsv"
-    threads: 1
-    resources:
-        mem_mb=4000,
-        runtime=120,
-        gpu=1 if config["device"] == "cuda" else 0,
-    script:
-        "../scripts/extract_rois.py"
+def roi_tsv(dataset, split, shard=None):
+    """The bottom-up TSV of a dataset's split (and CC shard): rois.source with {split}/{shard} filled in."""
+    path = ROI_SOURCES[dataset].replace("{split}", split)
+    return path.replace("{shard}", shard) if shard is not None else path
 
 
-rule extract_task_rois:
-    input:
-        annotations=lambda wc: source_files(wc.dataset, [wc.split]),
-        model=rules.train_detector.output.model,
-    output:
-        parquet="results/rois/{dataset}/{split}.parquet",
-    params:
-        dataset=lambda wc: wc.dataset,
-        split=lambda wc: wc.split,
-        sources=lambda wc: stable(config["sources"][wc.dataset]),
-        rois=stable(config["rois"]),
-        device=config["device"],
-    log:
-        "logs/extract_rois/{dataset}/{split}.log",
-    benchmark:
-        "benchmarks/rules/extract_rois/{dataset}/{split}.tsv"
-    wildcard_constraints:
-        dataset="vqa|refcoco",
-        split="train|val|testA|testB",
-    threads: 1
-    resources:
-        mem_mb=4000,
-        runtime=120,
-        gpu=1 if config["device"] == "cuda" else 0,
-    script:
-        "../scripts/extract_task_rois.py"
+if not config["detector"]["weights"]:
+
+    rule train_detector:
+        input:
+            train=config["sources"]["detector"]["annotations"].format(split="train"),
+            val=config["sources"]["detector"]["annotations"].format(split="val"),
+        output:
+            model="results/detector/model.pt",
+            metrics="results/detector/metrics.json",
+        params:
+            code=code("train_detector"),
+            detector=stable(config["detector"]),
+            images=config["sources"]["detector"]["images"],
+            seed=config["seed"],
+        log:
+            "logs/train_detector.log",
+        benchmark:
+            "benchmarks/rules/train_detector.tsv"
+        threads: 2
+        resources:
+            mem_mb=4000,
+            runtime=120,
+            gpu=1 if config["device"] == "cuda" else 0,
+        script:
+            "../scripts/train_detector.py"
+
+
+if ROI_SOURCES["cc"] == "detector":
+
+    rule extract_rois:
+        input:
+            tar="results/shards/cc/{split}-{shard}.tar",
+            model=DETECTOR_MODEL,
+        output:
+            parquet="results/rois/cc/{split}-{shard}.parquet",
+        params:
+            code=code("extract_rois"),
+            rois=ROI_RULE_PARAMS,
+            device=config["device"],
+        log:
+            "logs/extract_rois/cc/{split}-{shard}.log",
+        benchmark:
+            "benchmarks/rules/extract_rois/cc/{split}-{shard}.tsv"
+        threads: 1
+        resources:
+            mem_mb=4000,
+            runtime=120,
+            gpu=1 if config["device"] == "cuda" else 0,
+        script:
+            "../scripts/extract_rois.py"
+
+else:
+
+    rule import_rois:
+        input:
+            tar="results/shards/cc/{split}-{shard}.tar",
+            tsv=lambda wc: roi_tsv("cc", wc.split, wc.shard),
+            model=DETECTOR_MODEL,  # its class space, and its box head scores boxes of a TSV without cls_prob
+        output:
+            parquet="results/rois/cc/{split}-{shard}.parquet",
+        params:
+            code=code("extract_rois"),
+            rois=ROI_IMPORT_PARAMS,
+            device=config["device"],
+        log:
+            "logs/import_rois/cc/{split}-{shard}.log",
+        benchmark:
+            "benchmarks/rules/import_rois/cc/{split}-{shard}.tsv"
+        threads: 1
+        resources:
+            mem_mb=4000,
+            runtime=120,
+            gpu=1 if config["device"] == "cuda" else 0,
+        script:
+            "../scripts/extract_rois.py"
+
+
+if DETECTED_TASK_DATASETS:
+
+    rule extract_task_rois:
+        input:
+            annotations=lambda wc: source_files(wc.dataset, [wc.split]),
+            model=DETECTOR_MODEL,
+        output:
+            parquet="results/rois/{dataset}/{split}.parquet",
+        params:
+            code=lambda wc: code("extract_task_rois", wc.dataset),
+            dataset=lambda wc: wc.dataset,
+            split=lambda wc: wc.split,
+            sources=lambda wc: stable(config["sources"][wc.dataset]),
+            rois=ROI_RULE_PARAMS,
+            device=config["device"],
+        log:
+            "logs/extract_rois/{dataset}/{split}.log",
+        benchmark:
+            "benchmarks/rules/extract_rois/{dataset}/{split}.tsv"
+        wildcard_constraints:
+            dataset="|".join(DETECTED_TASK_DATASETS),
+            split="train|val|testA|testB",
+        threads: 1
+        resources:
+            mem_mb=4000,
+            runtime=120,
+            gpu=1 if config["device"] == "cuda" else 0,
+        script:
+            "../scripts/extract_task_rois.py"
+
+
+if IMPORTED_TASK_DATASETS:
+
+    rule import_task_rois:
+        input:
+            annotations=lambda wc: source_files(wc.dataset, [wc.split]),
+            tsv=lambda wc: roi_tsv(wc.dataset, wc.split),
+            model=DETECTOR_MODEL,
+        output:
+            parquet="results/rois/{dataset}/{split}.parquet",
+        params:
+            code=lambda wc: code("extract_task_rois", wc.dataset),
+            dataset=lambda wc: wc.dataset,
+            split=lambda wc: wc.split,
+            sources=lambda wc: stable(config["sources"][wc.dataset]),
+            rois=ROI_IMPORT_PARAMS,
+            device=config["device"],
+        log:
+            "logs/import_rois/{dataset}/{split}.log",
+        benchmark:
+            "benchmarks/rules/import_rois/{dataset}/{split}.tsv"
+        wildcard_constraints:
+            dataset="|".join(IMPORTED_TASK_DATASETS),
+            split="train|val|testA|testB",
+        threads: 1
+        resources:
+            mem_mb=4000,
+            runtime=120,
+            gpu=1 if config["device"] == "cuda" else 0,
+        script:
+            "../scripts/extract_task_rois.py"

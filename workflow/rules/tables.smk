@@ -8,7 +8,7 @@ rule tables:
         table3=table3_evals(),
         table4=table4_evals(),
     output:
-        TABLES,
+        [report(path, caption="../report/tables.rst", category="Result tables") for path in TABLES],
     params:
         dataset=config["dataset"],
         settings=config["pretrain"]["settings"],

@@ -1,15 +1,20 @@
-"""Snakemake entry point: detect and select the RoIs of one CC shard."""
+"""Snakemake entry point: the RoIs of one CC shard, detected (rule extract_rois) or imported from a
+bottom-up-attention TSV (rule import_rois, which gives `input.tsv`)."""
 
-from vlbert_core.detector import extract_rois_with_detector, read_cc_shard
+from vlbert_core.detector import cc_image_id, extract_rois_with_detector, import_rois_with_detector, read_cc_shard
 from vlbert_core.utils import set_threads, setup_logging
 
 
 def main(smk) -> None:
     setup_logging(smk.log[0])
     set_threads(smk.threads)
-    extract_rois_with_detector(
-        smk.input.model, read_cc_shard(smk.input.tar), smk.output.parquet, smk.params.rois, smk.params.device
-    )
+    samples = read_cc_shard(smk.input.tar)
+    tsv = getattr(smk.input, "tsv", None)
+    if tsv:
+        import_rois_with_detector(tsv, smk.input.model, samples, smk.output.parquet, smk.params.rois,
+                                  image_id_of=cc_image_id, device=smk.params.device)
+    else:
+        extract_rois_with_detector(smk.input.model, samples, smk.output.parquet, smk.params.rois, smk.params.device)
 
 
 if __name__ == "__main__":  # under Snakemake's script: directive `snakemake` is a global

@@ -1,6 +1,8 @@
-"""Snakemake entry point: detect and select the RoIs of a task's images (VQA, RefCOCO+ detected track)."""
+"""Snakemake entry point: the RoIs of a task's images (VQA, RefCOCO+ detected track), detected (rule
+extract_task_rois) or imported from a bottom-up-attention TSV (rule import_task_rois, which gives
+`input.tsv`; its image_ids are COCO image ids)."""
 
-from vlbert_core.detector import extract_rois_with_detector
+from vlbert_core.detector import coco_image_id, extract_rois_with_detector, import_rois_with_detector
 from vlbert_core.tasks.refcoco import refcoco_image_paths
 from vlbert_core.tasks.vqa import vqa_image_paths
 from vlbert_core.utils import get_logger, set_threads, setup_logging
@@ -20,7 +22,12 @@ def main(smk) -> None:
     paths = task_image_paths(smk.params.dataset, smk.params.split, smk.params.sources)
     get_logger(__name__).info("%s/%s: %d images", smk.params.dataset, smk.params.split, len(paths))
     samples = sorted((key, str(path)) for key, path in paths.items())
-    extract_rois_with_detector(smk.input.model, samples, smk.output.parquet, smk.params.rois, smk.params.device)
+    tsv = getattr(smk.input, "tsv", None)
+    if tsv:
+        import_rois_with_detector(tsv, smk.input.model, samples, smk.output.parquet, smk.params.rois,
+                                  image_id_of=coco_image_id, device=smk.params.device)
+    else:
+        extract_rois_with_detector(smk.input.model, samples, smk.output.parquet, smk.params.rois, smk.params.device)
 
 
 if __name__ == "__main__":  # under Snakemake's script: directive `snakemake` is a global

@@ -11,7 +11,7 @@ def main(smk) -> None:
     from vlbert_core.pretrain import pretrain
 
     out_dir = Path(smk.output["model"]).parent
-    for name in ("config", "metrics"):
+    for name in ("config", "metrics", "visual_clue"):
         if Path(smk.output[name]).parent != out_dir:
             raise ValueError(f"rule pretrain: output '{name}' ({smk.output[name]}) must sit beside {smk.output['model']}")
     pretrain(

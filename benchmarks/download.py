@@ -1,0 +1,532 @@
+"""Download benchmark: our CC shard pipeline vs img2dataset vs the CPU limit, on a loopback server.
+
+What it does, in one run:
+1. Generates (once, then cached in --workdir) photo-like JPEGs of random sizes from 640x480 to
+   1024x768: smooth colour fields, blurred shapes and sensor-like noise, saved at quality 90, so
+   their byte sizes (about 90-190 KB) are those of real photos rather than of flat test images.
+2. Serves them from memory over HTTP/1.1 with keep-alive, from a small asyncio server in its own
+   process pinned to --server-cpu, on 127.0.0.1 only.
+3. Writes a Conceptual Captions TSV (caption<TAB>url, no header) of their URLs, and measures, in
+   --rounds rounds whose order rotates, on the --client-cpus (one process per client core):
+   - ours: `partition_cc_tsv` then `download_cc_shard` per shard (the workflow's own code path),
+     resize {max_side: 384, mode: keep_ratio}, JPEG quality 95;
+   - img2dataset (its own environment, via `uvx --from img2dataset==...`) on the same URLs with
+     the same output: longest side 384 (its `keep_ratio_largest`; its `keep_ratio` fits the
+     *shorter* side), only downscaling, quality 95, webdataset, the same thread count;
+   - the CPU limit: our `resize_image` over the same files already in memory, no network.
+   Rates are images/s over the work itself: each measured process takes its own clock after its
+   imports, and a method's time runs from the first process's start to the last one's end. For
+   img2dataset that is its per-shard stats JSON (`start_time`/`end_time`, taken inside its shard
+   worker after its imports). Ours includes the partition step; img2dataset's own input sharding
+   is not included.
+4. Prints every round and the medians, and with --write-docs replaces the body of the
+   "## Download (Conceptual Captions images)" section of docs/benchmarks.md.
+
+Reproduce: uv run python benchmarks/download.py --write-docs
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import math
+import multiprocessing
+import os
+import platform
+import resource
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs" / "benchmarks.md"
+SECTION = "## Download (Conceptual Captions images)"
+IMG2DATASET = "img2dataset==1.47.0"
+GENERATOR_VERSION = 1  # bump when the image generator changes, so cached images are remade
+MAX_SIDE = 384
+QUALITY = 95
+SPLIT = "bench"
+METHODS = ("ours", "img2dataset", "cpu_limit")
+CALIBRATION_ROWS = 32
+
+
+# -- images ------------------------------------------------------------------------------------
+
+
+def photo_like_jpeg(index: int, seed: int) -> bytes:
+    """One photo-like JPEG: a smooth colour field, blurred shapes, and two scales of noise."""
+    import numpy as np
+    from PIL import Image, ImageDraw, ImageFilter
+
+    rng = np.random.default_rng([seed, index])
+    width, height = int(rng.integers(640, 1025)), int(rng.integers(480, 769))
+    grid = rng.integers(0, 256, size=(4, 5, 3), dtype=np.uint8)  # sky / walls / ground
+    image = Image.fromarray(grid, "RGB").resize((width, height), Image.Resampling.BICUBIC)
+    draw = ImageDraw.Draw(image)
+    for _ in range(int(rng.integers(4, 12))):
+        x0, y0 = int(rng.integers(0, width)), int(rng.integers(0, height))
+        w, h = int(rng.integers(20, width // 2)), int(rng.integers(20, height // 2))
+        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)((x0, y0, x0 + w, y0 + h), fill=colour)
+    pixels = np.asarray(image.filter(ImageFilter.GaussianBlur(1.5)), dtype=np.float32)
+    coarse = 7 * rng.standard_normal(size=((height + 1) // 2, (width + 1) // 2, 3), dtype=np.float32)
+    pixels += np.repeat(np.repeat(coarse, 2, axis=0), 2, axis=1)[:height, :width]
+    pixels += 2 * rng.standard_normal(size=(height, width, 3), dtype=np.float32)
+    buffer = io.BytesIO()
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "RGB").save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def _write_image(job: tuple[Path, int, int]) -> None:
+    path, index, seed = job
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(photo_like_jpeg(index, seed))
+    tmp.rename(path)
+
+
+def ensure_images(workdir: Path, count: int, seed: int) -> list[Path]:
+    """The benchmark images, generated in parallel the first time and reused afterwards."""
+    folder = workdir / "images"
+    manifest = folder / "manifest.json"
+    wanted = {"count": count, "seed": seed, "generator": GENERATOR_VERSION}
+    paths = [folder / f"{index:06d}.jpg" for index in range(count)]
+    if manifest.exists() and json.loads(manifest.read_text()) == wanted and all(p.exists() for p in paths):
+        return paths
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    print(f"generating {count} photo-like JPEGs in {folder} ...", flush=True)
+    started = time.monotonic()
+    with multiprocessing.get_context("fork").Pool(os.cpu_count()) as pool:
+        pool.map(_write_image, [(path, index, seed) for index, path in enumerate(paths)], chunksize=16)
+    manifest.write_text(json.dumps(wanted))
+    print(f"generated in {time.monotonic() - started:.0f}s", flush=True)
+    return paths
+
+
+def describe_images(paths: list[Path]) -> dict:
+    from PIL import Image
+
+    sizes = [p.stat().st_size for p in paths]
+    dims = []
+    for path in paths:
+        with Image.open(path) as image:
+            dims.append(image.size)
+    return {
+        "count": len(paths),
+        "kb_min": min(sizes) / 1e3,
+        "kb_median": statistics.median(sizes) / 1e3,
+        "kb_max": max(sizes) / 1e3,
+        "width_range": (min(w for w, _ in dims), max(w for w, _ in dims)),
+        "height_range": (min(h for _, h in dims), max(h for _, h in dims)),
+        "megapixels_median": statistics.median(w * h for w, h in dims) / 1e6,
+    }
+
+
+# -- the loopback server -----------------------------------------------------------------------
+
+
+class _ImageServer(asyncio.Protocol):
+    """GET /<name> from a dict in memory; HTTP/1.1 keep-alive unless the client asks to close."""
+
+    def __init__(self, files: dict[bytes, bytes]):
+        self.files = files
+        self.buffer = b""
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while (end := self.buffer.find(b"\r\n\r\n")) >= 0:
+            head, self.buffer = self.buffer[:end], self.buffer[end + 4 :]
+            lines = head.split(b"\r\n")
+            request = lines[0].split(b" ")
+            if len(request) != 3 or request[0] != b"GET":
+                self.transport.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                self.transport.close()
+                return
+            connection = b""
+            for line in lines[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"connection":
+                    connection = value.strip().lower()
+            keep_alive = connection != b"close" if request[2] == b"HTTP/1.1" else connection == b"keep-alive"
+            body = self.files.get(request[1])
+            status = b"200 OK" if body is not None else b"404 Not Found"
+            body = body if body is not None else b"not found"
+            self.transport.write(
+                b"HTTP/1.1 " + status + b"\r\nContent-Type: image/jpeg\r\nContent-Length: " + str(len(body)).encode()
+                + (b"\r\n\r\n" if keep_alive else b"\r\nConnection: close\r\n\r\n")
+            )
+            self.transport.write(body)
+            if not keep_alive:
+                self.transport.close()
+                return
+
+
+def _serve(folder: str, cpu: int, ready) -> None:
+    os.sched_setaffinity(0, {cpu})
+    files = {f"/{path.name}".encode(): path.read_bytes() for path in Path(folder).glob("*.jpg")}
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: _ImageServer(files), "127.0.0.1", 0, backlog=4096)
+        ready.send(server.sockets[0].getsockname()[1])
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
+def start_server(folder: Path, cpu: int) -> tuple[multiprocessing.Process, int]:
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_serve, args=(str(folder), cpu, send), daemon=True, name="image-server")
+    process.start()
+    if not receive.poll(60):
+        process.kill()
+        raise RuntimeError("the benchmark's image server did not start within 60 s")
+    return process, receive.recv()
+
+
+# -- workers (run as subprocesses, pinned, timing themselves after their imports) ---------------
+
+
+def worker_partition(args: argparse.Namespace) -> dict:
+    from vlbert_core.data.partition import partition_cc_tsv
+
+    started, cpu_started = time.time(), _cpu_seconds()
+    partition_cc_tsv(args.tsv, SPLIT, args.shard_rows, args.out)
+    return {"start": started, "end": time.time(), "cpu_s": _cpu_seconds() - cpu_started}
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process and of its children that have ended."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def worker_shard(args: argparse.Namespace) -> dict:
+    import logging
+
+    import pyarrow.dataset  # noqa: F401  imported lazily by read_shard_rows; an import, so before the clock
+
+    from vlbert_core.data.cc import download_cc_shard
+
+    logging.getLogger("vlbert").setLevel(logging.ERROR)  # no per-shard chatter on the benchmark's output
+    resize = {"max_side": MAX_SIDE, "mode": "keep_ratio", "quality": QUALITY}
+    download = {"timeout_s": 10, "retries": 2, "threads": args.threads, "max_bytes": 20_000_000}
+    out = Path(args.out)
+    started, cpu_started = time.time(), _cpu_seconds()
+    stats = download_cc_shard(
+        args.rows, SPLIT, args.shard, resize, download,
+        out.with_suffix(".tar"), out.with_suffix(".parquet"), out.with_suffix(".stats.json"),
+    )
+    return {"start": started, "end": time.time(), "cpu_s": _cpu_seconds() - cpu_started, "ok": stats["ok"]}
+
+
+def worker_cpu_limit(args: argparse.Namespace) -> dict:
+    """resize_image over in-memory files, on as many threads as ours downloads with: the same
+    work without the network, and the same weight with the OS scheduler on a shared machine."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vlbert_core.data.resizer import resize_image
+
+    paths = Path(args.list).read_text().split("\n")
+    blobs = [Path(path).read_bytes() for path in paths if path]
+    started, cpu_started = time.time(), _cpu_seconds()
+    with ThreadPoolExecutor(args.threads) as pool:
+        done = sum(1 for _ in pool.map(lambda blob: resize_image(blob, MAX_SIDE, "keep_ratio", quality=QUALITY), blobs))
+    return {"start": started, "end": time.time(), "cpu_s": _cpu_seconds() - cpu_started, "ok": done}
+
+
+def worker_img2dataset(args: argparse.Namespace) -> dict:
+    """img2dataset's own `download` (what its command line calls), run by the Python of its uvx
+    environment; its CPU time includes its shard worker processes."""
+    from img2dataset import download
+
+    cpu_started = _cpu_seconds()
+    download(**json.loads(args.options))
+    return {"cpu_s": _cpu_seconds() - cpu_started}
+
+
+WORKERS = {
+    "partition": worker_partition,
+    "shard": worker_shard,
+    "cpu-limit": worker_cpu_limit,
+    "img2dataset": worker_img2dataset,
+}
+
+
+def _spawn_worker(kind: str, cpus: set[int], log: Path, python: tuple[str, ...] = (sys.executable,), **options):
+    """Start one measured process on `cpus`; its stderr (progress, warnings) goes to `log`."""
+    command = [*python, str(Path(__file__).resolve()), "worker", kind]
+    for name, value in options.items():
+        command += [f"--{name.replace('_', '-')}", str(value)]
+    with open(log, "w") as stderr:
+        return subprocess.Popen(
+            command, cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True,
+            env={**os.environ, "NO_ALBUMENTATIONS_UPDATE": "1"},  # img2dataset: no update check over the network
+            preexec_fn=lambda: os.sched_setaffinity(0, cpus),
+        )
+
+
+def _collect(processes: list[subprocess.Popen]) -> list[dict]:
+    results = []
+    for process in processes:
+        out, _ = process.communicate()
+        if process.returncode != 0:
+            raise RuntimeError(
+                f"benchmark worker {shlex.join(process.args)} failed with exit code {process.returncode}; "
+                "its stderr is in the .log file beside its outputs"
+            )
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+# -- the three methods -------------------------------------------------------------------------
+
+
+def run_ours(tsv: Path, out: Path, cpus: list[int], threads: int, count: int) -> dict:
+    out.mkdir(parents=True)
+    rows = out / "rows.parquet"
+    (partition,) = _collect([_spawn_worker("partition", set(cpus), out / "partition.log", tsv=tsv, shard_rows=math.ceil(count / len(cpus)), out=rows)])
+    shards = _collect([
+        _spawn_worker("shard", {cpu}, out / f"shard-{shard}.log", rows=rows, shard=shard, threads=threads, out=out / f"{SPLIT}-{shard:05d}")
+        for shard, cpu in enumerate(cpus)
+    ])
+    ok = sum(shard["ok"] for shard in shards)
+    if ok != count:
+        raise RuntimeError(f"ours: {ok} of {count} images ok; see {out}/*.parquet")
+    seconds = (partition["end"] - partition["start"]) + max(s["end"] for s in shards) - min(s["start"] for s in shards)
+    cpu_s = partition["cpu_s"] + sum(shard["cpu_s"] for shard in shards)
+    return {"images": ok, "seconds": seconds, "cpu_ms_per_image": 1e3 * cpu_s / ok}
+
+
+def run_img2dataset(tsv_with_header: Path, out: Path, cpus: list[int], threads: int, rows: int) -> dict:
+    out.mkdir(parents=True)
+    options = {
+        "url_list": str(tsv_with_header), "input_format": "tsv", "url_col": "url", "caption_col": "caption",
+        "output_format": "webdataset", "output_folder": str(out / "output"),
+        "processes_count": len(cpus), "thread_count": threads, "number_sample_per_shard": math.ceil(rows / len(cpus)),
+        # its keep_ratio fits the shorter side; keep_ratio_largest fits the longest, like ours
+        "image_size": MAX_SIDE, "resize_mode": "keep_ratio_largest", "resize_only_if_bigger": True,
+        "encode_format": "jpg", "encode_quality": QUALITY,
+        "extract_exif": False,  # we do not extract EXIF either
+        "timeout": 10, "retries": 2, "enable_wandb": False, "distributor": "multiprocessing",
+    }
+    python = ("uvx", "--from", IMG2DATASET, "python")
+    (result,) = _collect([
+        _spawn_worker("img2dataset", set(cpus), out / "img2dataset.log", python, options=json.dumps(options))
+    ])
+    stats = [json.loads(path.read_text()) for path in sorted((out / "output").glob("*_stats.json"))]
+    if not stats:
+        raise RuntimeError(f"img2dataset wrote no *_stats.json in {out}/output; see {out}/img2dataset.log")
+    ok = sum(s["successes"] for s in stats)
+    if ok != rows:
+        raise RuntimeError(f"img2dataset: {ok} of {rows} images ok: {[s['status_dict'] for s in stats]}")
+    seconds = max(s["end_time"] for s in stats) - min(s["start_time"] for s in stats)
+    return {"images": ok, "seconds": seconds, "cpu_s": result["cpu_s"]}
+
+
+def run_cpu_limit(paths: list[Path], out: Path, cpus: list[int], threads: int) -> dict:
+    out.mkdir(parents=True)
+    processes = []
+    for index, cpu in enumerate(cpus):
+        listing = out / f"files-{index}.txt"
+        listing.write_text("\n".join(str(p) for p in paths[index :: len(cpus)]))
+        processes.append(_spawn_worker("cpu-limit", {cpu}, out / f"cpu-limit-{index}.log", list=listing, threads=threads))
+    results = _collect(processes)
+    seconds = max(r["end"] for r in results) - min(r["start"] for r in results)
+    images = sum(r["ok"] for r in results)
+    return {"images": images, "seconds": seconds, "cpu_ms_per_image": 1e3 * sum(r["cpu_s"] for r in results) / images}
+
+
+def check_output_sizes(tar: Path) -> None:
+    """The first image of a tar must have its longest side at MAX_SIDE (all inputs are larger)."""
+    from PIL import Image
+
+    with tarfile.open(tar) as archive:
+        for member in archive:
+            if member.name.endswith(".jpg"):
+                with Image.open(archive.extractfile(member)) as image:
+                    if max(image.size) != MAX_SIDE:
+                        raise RuntimeError(f"{tar}:{member.name} is {image.size}, expected longest side {MAX_SIDE}")
+                return
+    raise RuntimeError(f"{tar} holds no .jpg")
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+def machine_notes(server_cpu: int, client_cpus: list[int]) -> str:
+    import PIL
+
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"{model}, {os.cpu_count()} logical CPUs, Python {platform.python_version()}, Pillow {PIL.__version__}, "
+        f"{IMG2DATASET}; server pinned to CPU {server_cpu}, clients to CPU(s) {','.join(map(str, client_cpus))}"
+    )
+
+
+def write_docs(body: str) -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    start = text.index(SECTION) + len(SECTION)
+    following = text.find("\n## ", start)
+    end = len(text) if following < 0 else following + 1
+    DOCS.write_text(text[:start] + "\n\n" + body.strip() + "\n\n" + text[end:].lstrip("\n"), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command")
+    worker = sub.add_parser("worker", help="internal: one measured process")
+    worker.add_argument("kind", choices=sorted(WORKERS))
+    for name in ("tsv", "out", "rows", "list", "options"):
+        worker.add_argument(f"--{name}")
+    for name in ("shard-rows", "shard", "threads"):
+        worker.add_argument(f"--{name}", type=int)
+    parser.add_argument("--images", type=int, default=2000, help="number of generated JPEGs (default 2000)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of all three methods (default 3)")
+    parser.add_argument("--threads", type=int, default=8, help="download threads per process, ours and img2dataset")
+    parser.add_argument("--server-cpu", type=int, default=0)
+    parser.add_argument("--client-cpus", default="1", help="comma-separated; one measured process per CPU")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/vlbert-bench-download"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--methods", default=",".join(METHODS), help="subset to run, comma-separated")
+    parser.add_argument("--write-docs", action="store_true", help=f"replace the {SECTION!r} section of {DOCS}")
+    args = parser.parse_args(argv)
+
+    if args.command == "worker":
+        print(json.dumps(WORKERS[args.kind](args)))
+        return 0
+
+    client_cpus = [int(cpu) for cpu in args.client_cpus.split(",")]
+    methods = args.methods.split(",")
+    if unknown := set(methods) - set(METHODS):
+        parser.error(f"unknown methods {sorted(unknown)}; known: {METHODS}")
+    available = os.sched_getaffinity(0)
+    if not {args.server_cpu, *client_cpus} <= available:
+        parser.error(f"CPUs {sorted({args.server_cpu, *client_cpus})} are not all available (have {sorted(available)})")
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    paths = ensure_images(args.workdir, args.images, args.seed)
+    images = describe_images(paths)
+    server, port = start_server(paths[0].parent, args.server_cpu)
+    runs = args.workdir / "runs"
+    shutil.rmtree(runs, ignore_errors=True)
+    runs.mkdir()
+    try:
+        tsv = runs / "cc.tsv"  # the official layout: caption<TAB>url, no header
+        lines = [f"photo number {i} of the benchmark\thttp://127.0.0.1:{port}/{p.name}" for i, p in enumerate(paths)]
+        tsv.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        tsv_with_header = runs / "cc_with_header.tsv"  # img2dataset reads column names from a header line
+        tsv_with_header.write_text("caption\turl\n" + tsv.read_text(encoding="utf-8"), encoding="utf-8")
+        # img2dataset's CPU time holds its start-up (its shard and logger processes import their
+        # modules anew); a run over CALIBRATION_ROWS rows measures that fixed part, to subtract.
+        tsv_calibration = runs / "cc_calibration.tsv"
+        tsv_calibration.write_text("caption\turl\n" + "\n".join(lines[:CALIBRATION_ROWS]) + "\n", encoding="utf-8")
+
+        rates: dict[str, list[float]] = {method: [] for method in methods}
+        cpu_ms: dict[str, list[float]] = {method: [] for method in methods}
+        load_before = os.getloadavg()
+        for round_index in range(args.rounds):
+            order = methods[round_index % len(methods) :] + methods[: round_index % len(methods)]
+            for method in order:
+                out = runs / f"{method}-round{round_index}"
+                if method == "ours":
+                    result = run_ours(tsv, out, client_cpus, args.threads, len(paths))
+                    check_output_sizes(out / f"{SPLIT}-00000.tar")
+                elif method == "img2dataset":
+                    fixed = run_img2dataset(tsv_calibration, out / "calibration", client_cpus, args.threads,
+                                            CALIBRATION_ROWS)
+                    result = run_img2dataset(tsv_with_header, out / "full", client_cpus, args.threads, len(paths))
+                    result["cpu_ms_per_image"] = (
+                        1e3 * (result["cpu_s"] - fixed["cpu_s"]) / (len(paths) - CALIBRATION_ROWS)
+                    )
+                    check_output_sizes(sorted((out / "full" / "output").glob("*.tar"))[0])
+                else:
+                    result = run_cpu_limit(paths, out, client_cpus, args.threads)
+                rate = result["images"] / result["seconds"]
+                rates[method].append(rate)
+                cpu_ms[method].append(result["cpu_ms_per_image"])
+                cpu_note = f", {result['cpu_ms_per_image']:.2f} CPU ms/image"
+                print(f"round {round_index} {method:12s} {result['images']} images in {result['seconds']:6.2f} s"
+                      f" = {rate:6.1f} images/s{cpu_note}", flush=True)
+                if method != "cpu_limit":
+                    shutil.rmtree(out)  # keep the disk use of many rounds small
+        load_after = os.getloadavg()
+    finally:
+        server.kill()
+        server.join()
+
+    medians = {method: statistics.median(values) for method, values in rates.items()}
+    print("medians (images/s):", {method: round(value, 1) for method, value in medians.items()})
+    if not {"ours", "img2dataset", "cpu_limit"} <= set(methods):
+        return 0
+    ratio = medians["ours"] / medians["img2dataset"]
+    fraction = medians["ours"] / medians["cpu_limit"]
+    cpu_medians = {method: statistics.median(values) for method, values in cpu_ms.items()}
+    cpu_ratio = cpu_medians["img2dataset"] / cpu_medians["ours"]
+    cpu_fraction = cpu_medians["cpu_limit"] / cpu_medians["ours"]
+    print(f"ours / img2dataset = {ratio:.2f} (target >= 1.2); ours / CPU limit = {fraction:.0%} (target >= 90%)")
+    print(f"by CPU time per image: ours / img2dataset = {cpu_ratio:.2f}, ours / CPU limit = {cpu_fraction:.0%}")
+    command = "uv run python benchmarks/download.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    rows = "\n".join(
+        f"| {method} | {medians[method]:.1f} | {', '.join(f'{r:.1f}' for r in rates[method])} | "
+        f"{cpu_medians[method]:.2f} |"
+        for method in methods
+    )
+    body = f"""\
+Measured {time.strftime('%Y-%m-%d')} with `{command.strip()}`.
+
+{images['count']} generated photo-like JPEGs (quality 90), {images['width_range'][0]}-{images['width_range'][1]} x
+{images['height_range'][0]}-{images['height_range'][1]} px (median {images['megapixels_median']:.2f} MP),
+{images['kb_min']:.0f}-{images['kb_max']:.0f} KB (median {images['kb_median']:.0f} KB), served from memory by a
+keep-alive HTTP/1.1 server on 127.0.0.1. Output: longest side {MAX_SIDE} (only shrinking), JPEG quality
+{QUALITY}, webdataset tars; {args.threads} download threads per process; one process per client CPU.
+
+| method | images/s (median) | each round (rotating order) | CPU ms per image (median) |
+|---|---|---|---|
+{rows}
+
+- **ours / img2dataset: {ratio:.2f}x** in images/s (target >= 1.2x); {cpu_ratio:.2f}x in CPU time per image
+- **ours / CPU limit: {fraction:.0%}** in images/s (target >= 90%); {cpu_fraction:.0%} in CPU time per image
+
+CPU time per image (user + system, of the measured processes and their children) is what a
+loaded machine disturbs least: wall-clock rates also depend on the share of the client CPU each
+run gets from the other jobs on the machine.
+
+Ours is `partition_cc_tsv` + `download_cc_shard` (partition time included), timed inside each
+process after its imports. img2dataset ({IMG2DATASET}, `--resize_mode keep_ratio_largest
+--resize_only_if_bigger True --encode_quality {QUALITY} --extract_exif False`, same threads and
+processes) is timed by its per-shard stats JSON (`start_time` to `end_time`, inside its shard
+worker); its CPU time per image is that of the full run minus that of a {CALIBRATION_ROWS}-row run (its
+start-up: the shard and logger processes import their modules anew), over the rows in between.
+The CPU limit is our `resize_image` over the same files already in memory, on the same number of
+threads (so that it weighs the same with the OS scheduler as the downloaders do).
+Machine: {machine_notes(args.server_cpu, client_cpus)}; load average {load_before[0]:.2f} before,
+{load_after[0]:.2f} after (other jobs share this machine, hence the rotating rounds and medians).
+"""
+    print(body)
+    if args.write_docs:
+        write_docs(body)
+        print(f"wrote the {SECTION!r} section of {DOCS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Command line for one pre-training run, to be started under torchrun (one process per GPU) or srun.
+
+    torchrun --standalone --nproc_per_node 8 -m vlbert_core.pretrain --setting full \\
+        --config config/config.yaml --config my_cluster.yaml \\
+        --cc-shards results/shards/cc/train-*.tar --roi-parquets results/rois/cc/train-*.parquet \\
+        --text-shards results/shards/text/*.tar --detector results/detector/model.pt \\
+        --out results/pretrain/full
+
+The `model:` and `pretrain:` sections (and `seed`, `device`) come from the --config files, merged in
+order like Snakemake's --configfile; it writes what rule `pretrain` writes. Every process runs this same
+command: torchrun gives each its RANK / LOCAL_RANK / WORLD_SIZE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import yaml
+
+from vlbert_core.utils import set_threads, setup_logging
+
+
+def merge(base: dict, override: dict) -> dict:
+    """Nested dicts merged key by key (override wins), as Snakemake merges --configfile over configfile."""
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m vlbert_core.pretrain", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--setting", required=True, help="Table 4 setting: none, a, b, c, d or full")
+    parser.add_argument("--config", action="append", required=True, type=Path,
+                        help="YAML config file; repeat to merge several, later ones win")
+    parser.add_argument("--cc-shards", nargs="+", required=True, help="CC webdataset tars")
+    parser.add_argument("--roi-parquets", nargs="+", required=True, help="their RoI parquets (same file names)")
+    parser.add_argument("--text-shards", nargs="*", default=[], help="text tars (settings d and full)")
+    parser.add_argument("--detector", required=True, help="the detector checkpoint (results/detector/model.pt)")
+    parser.add_argument("--out", required=True, type=Path, help="output directory (results/pretrain/{setting})")
+    parser.add_argument("--device", help="cpu or cuda (default: the config's `device`)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads per process (default: cores / processes on this node)")
+    parser.add_argument("--log", type=Path, help="log file (default: <out>/pretrain.rank<RANK>.log)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    config: dict = {}
+    for path in args.config:
+        if not path.is_file():
+            raise FileNotFoundError(f"--config {path} does not exist")
+        config = merge(config, yaml.safe_load(path.read_text()) or {})
+    for key in ("model", "pretrain", "seed"):
+        if key not in config:
+            raise KeyError(f"the merged --config files {[str(p) for p in args.config]} have no '{key}'")
+    rank = int(os.environ.get("RANK", "0"))
+    setup_logging(args.log or args.out / f"pretrain.rank{rank}.log")
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    set_threads(args.threads or max(1, (os.cpu_count() or 1) // local_processes))
+    from .loop import pretrain
+
+    pretrain_cfg = {k: v for k, v in config["pretrain"].items() if k != "settings"}
+    return pretrain(setting=args.setting, cc_shards=args.cc_shards, roi_parquets=args.roi_parquets,
+                    text_shards=args.text_shards, detector_path=args.detector, model_cfg=dict(config["model"]),
+                    pretrain_cfg=pretrain_cfg, out_dir=str(args.out), seed=int(config["seed"]),
+                    device=args.device or str(config.get("device", "cpu")))
+
+
+if __name__ == "__main__":
+    main()
