@@ -48,6 +48,7 @@ rule report:
         rois_per_image=report_figure("rois_per_image"),
         benchmarks=report_figure("benchmarks"),
     params:
+        code=code("report"),
         config=stable(config),
         benchmarks_dir="benchmarks/rules",
     log:

@@ -10,6 +10,7 @@ rule tables:
     output:
         [report(path, caption="../report/tables.rst", category="Result tables") for path in TABLES],
     params:
+        code=code("tables"),
         dataset=config["dataset"],
         settings=config["pretrain"]["settings"],
         model=stable(config["model"]),
