@@ -487,28 +487,29 @@ def main(argv: list[str] | None = None) -> int:
     command = "uv run python benchmarks/download.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     rows = "\n".join(
         f"| {method} | {medians[method]:.1f} | {', '.join(f'{r:.1f}' for r in rates[method])} | "
-        f"{cpu_medians[method]:.2f} |"
+        f"{cpu_medians[method]:.2f} | {medians[method] * cpu_medians[method] / 1e3 / len(client_cpus):.0%} |"
         for method in methods
     )
     body = f"""\
 Measured {time.strftime('%Y-%m-%d')} with `{command.strip()}`.
 
-{images['count']} generated photo-like JPEGs (quality 90), {images['width_range'][0]}-{images['width_range'][1]} x
-{images['height_range'][0]}-{images['height_range'][1]} px (median {images['megapixels_median']:.2f} MP),
-{images['kb_min']:.0f}-{images['kb_max']:.0f} KB (median {images['kb_median']:.0f} KB), served from memory by a
-keep-alive HTTP/1.1 server on 127.0.0.1. Output: longest side {MAX_SIDE} (only shrinking), JPEG quality
+{images['count']} generated photo-like JPEGs (quality 90), {images['width_range'][0]}-{images['width_range'][1]} x \
+{images['height_range'][0]}-{images['height_range'][1]} px (median {images['megapixels_median']:.2f} MP), \
+{images['kb_min']:.0f}-{images['kb_max']:.0f} KB (median {images['kb_median']:.0f} KB), served from memory by a keep-alive HTTP/1.1
+server on 127.0.0.1. Output: longest side {MAX_SIDE} (only shrinking), JPEG quality
 {QUALITY}, webdataset tars; {args.threads} download threads per process; one process per client CPU.
 
-| method | images/s (median) | each round (rotating order) | CPU ms per image (median) |
-|---|---|---|---|
+| method | images/s (median) | each round (rotating order) | CPU ms per image (median) | client CPU share |
+|---|---|---|---|---|
 {rows}
 
 - **ours / img2dataset: {ratio:.2f}x** in images/s (target >= 1.2x); {cpu_ratio:.2f}x in CPU time per image
 - **ours / CPU limit: {fraction:.0%}** in images/s (target >= 90%); {cpu_fraction:.0%} in CPU time per image
 
 CPU time per image (user + system, of the measured processes and their children) is what a
-loaded machine disturbs least: wall-clock rates also depend on the share of the client CPU each
-run gets from the other jobs on the machine.
+loaded machine disturbs least. Wall-clock rates also depend on the share of the client CPU that
+each run gets while other jobs run on the machine (the last column: images/s x CPU time per
+image); on a quiet machine every run gets the whole client CPU and images/s is 1000 / CPU ms.
 
 Ours is `partition_cc_tsv` + `download_cc_shard` (partition time included), timed inside each
 process after its imports. img2dataset ({IMG2DATASET}, `--resize_mode keep_ratio_largest
@@ -516,10 +517,11 @@ process after its imports. img2dataset ({IMG2DATASET}, `--resize_mode keep_ratio
 processes) is timed by its per-shard stats JSON (`start_time` to `end_time`, inside its shard
 worker); its CPU time per image is that of the full run minus that of a {CALIBRATION_ROWS}-row run (its
 start-up: the shard and logger processes import their modules anew), over the rows in between.
-The CPU limit is our `resize_image` over the same files already in memory, on the same number of
-threads (so that it weighs the same with the OS scheduler as the downloaders do).
-Machine: {machine_notes(args.server_cpu, client_cpus)}; load average {load_before[0]:.2f} before,
-{load_after[0]:.2f} after (other jobs share this machine, hence the rotating rounds and medians).
+The CPU limit is our `resize_image` over the same files already in memory, on as many threads as
+the downloaders use.
+Machine: {machine_notes(args.server_cpu, client_cpus)}. Load average {load_before[0]:.1f} before and
+{load_after[0]:.1f} after, on {os.cpu_count()} CPUs (other jobs share this machine, hence the rotating rounds
+and medians).
 """
     print(body)
     if args.write_docs:

@@ -102,7 +102,7 @@ def download_cc_shard(
     accounting = ShardAccounting(row_start, row_stop)
     failures_logged = 0
     started = time.monotonic()
-    with ShardWriter(out_tar) as writer, tqdm(
+    with downloader, ShardWriter(out_tar) as writer, tqdm(
         total=rows_in, desc=f"{split}-{shard:05d}", unit="row", mininterval=2.0
     ) as progress:
         for outcome in imap_ordered(process, part.rows, downloader.threads):

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
@@ -163,8 +162,8 @@ def read_shard_rows(path: str | os.PathLike, shard: int) -> ShardRows:
         row_start, row_stop = shard_bounds(num_rows, shard, shard_rows)
     except ValueError as err:
         raise ValueError(f"{path}: {err}; lower cc.num_shards.{metadata['split']}") from None
-    table = pq.read_table(path, filters=pc.field("shard") == shard)
-    columns = table.to_pydict()
+    # partition_cc_tsv writes shard k as row group k (reading it needs no pyarrow.dataset import).
+    columns = parquet.read_row_group(shard).to_pydict()
     if columns["row"] != list(range(row_start, row_stop)):
         raise ValueError(
             f"{path}: shard {shard} should hold rows [{row_start}, {row_stop}) in order, "

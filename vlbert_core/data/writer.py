@@ -19,7 +19,7 @@ import webdataset
 
 from vlbert_core.utils import atomic_path
 
-FIXED_MTIME = 0.0  # member timestamps: a constant, so reruns are byte-identical
+FIXED_MTIME = 0  # member timestamps: a constant, so reruns are byte-identical (an int: a float adds a PAX header per member)
 _OWNER = "vlbert"
 _MEMBER_MODE = 0o444
 # webdataset groups members by the part of the name before the first dot, so keys carry no dots.
