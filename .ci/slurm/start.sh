@@ -101,6 +101,8 @@ TaskPlugin=task/none
 # CPUs and memory are consumable, so jobs share the node as their requests allow.
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
+# A job without --mem would otherwise get the whole node's memory (the plugin always passes --mem).
+DefMemPerCPU=1000
 SchedulerType=sched/backfill
 # No accounting database; squeue (not sacct) reports job states, for MinJobAge seconds after the end.
 AccountingStorageType=accounting_storage/none

@@ -10,14 +10,17 @@ MARKER="# Written by vlbert .ci/slurm/start.sh; removed by .ci/slurm/stop.sh."
 
 ours_conf() { [ -e "$SLURM_CONF_PATH" ] && grep -qxF "$MARKER" "$SLURM_CONF_PATH"; }
 
-# Jobs first, while slurmctld can still tell slurmd to end them (slurmd leaves running jobs behind).
+# Jobs first, while slurmctld can still tell slurmd to end them (a stopped slurmd leaves running
+# jobs behind). One scancel per partition: slurm 22.05's scancel ignores a comma-separated list.
 if ours_conf && command -v scancel >/dev/null 2>&1; then
-    if timeout 10 scancel --partition=cpu,gpu --quiet 2>/dev/null; then
-        for _ in $(seq 20); do
-            [ -z "$(timeout 5 squeue --noheader --partition=cpu,gpu --states=RUNNING,COMPLETING,PENDING 2>/dev/null)" ] && break
-            sleep 0.5
-        done
-    fi
+    for partition in cpu gpu; do
+        timeout 10 scancel --partition="$partition" --quiet 2>/dev/null
+    done
+    for _ in $(seq 40); do
+        active=$(timeout 5 squeue --noheader --states=RUNNING,COMPLETING,PENDING 2>/dev/null) || break
+        [ -z "$active" ] && break
+        sleep 0.5
+    done
 fi
 
 # Signals the daemon of one pid file, if that pid still runs the expected program; waits for it to exit.
