@@ -9,8 +9,7 @@ them alike, and reported as medians:
   B  the same step without the visual CNN: the RoI features of the batch are computed once beforehand
      (`VLBertModel.visual_features`, with the batch's RoI masking) and passed in (`roi_features=`), so the
      step skips the CNN and nothing else. In a frozen setting the CNN runs without gradients and depends on
-     nothing that trains, so B computes exactly the same step as A (the released code's
-     precomputed-feature mode).
+     nothing that trains, so B computes exactly the same step as A.
   C  bare transformers.BertModel (same hidden size, layers, heads, intermediate size and vocabulary), on the
      same batch size, sequence length and padding mask: forward, a scalar loss on the last hidden states,
      backward, the same clipping and fused AdamW step.
@@ -19,7 +18,7 @@ them alike, and reported as medians:
 
 Target (issue 5): B / C <= 1.3.
 
-    uv run python benchmarks/pretrain_step.py --threads 2 --write
+    uv run python benchmarks/pretrain_step.py --threads 2 --size embedded base --write
 """
 
 from __future__ import annotations
@@ -63,10 +62,11 @@ TEXT = ("the little red ball had promised to stay close to the big blue box unti
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
-    parser.add_argument("--size", choices=["embedded", "base"], default="embedded",
-                        help="embedded: the model of config/config.yaml (MiniLM shape, first k layers); "
-                             "base: BERT-BASE's shape (768 hidden, 12 layers, 12 heads, 3072)")
-    parser.add_argument("--reps", type=int, default=7, help="measured rounds (each runs A B C D E once)")
+    parser.add_argument("--size", nargs="+", choices=["embedded", "base"], default=["embedded", "base"],
+                        help="model sizes, measured one after the other (default both). embedded: the model of "
+                             "config/config.yaml (MiniLM's shape, its first k layers); base: BERT-BASE's shape "
+                             "(768 hidden, 12 layers, 12 heads, 3072)")
+    parser.add_argument("--reps", type=int, default=5, help="measured rounds (each runs A B C D E once)")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first")
     parser.add_argument("--write", action="store_true", help=f"replace the body of '{SECTION}' in {DOC}")
     return parser.parse_args()
@@ -156,17 +156,12 @@ def machine() -> str:
             f"Python {platform.python_version()}, torch {torch.__version__}")
 
 
-def main() -> None:
-    args = parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    tokenizer = load_tokenizer(cfg["model"]["bert_path"])
-    batch = build_batch(cfg, tokenizer, np.random.default_rng(0))
+def measure(size: str, cfg: dict, batch, args: argparse.Namespace) -> tuple[dict[str, list[float]], VLBertConfig]:
+    """Seconds of the steps A-E (see the module docstring) in each measured round, for one model size."""
     clip = float(cfg["pretrain"]["clip_grad"])
-
-    frozen = VLBertForPretraining(VLBertModel(build_config(args.size, cfg, tune_frcnn=False)), get_setting("d")).train()
-    tuned = VLBertForPretraining(VLBertModel(build_config(args.size, cfg, tune_frcnn=True)), get_setting("full")).train()
+    torch.manual_seed(0)
+    frozen = VLBertForPretraining(VLBertModel(build_config(size, cfg, tune_frcnn=False)), get_setting("d")).train()
+    tuned = VLBertForPretraining(VLBertModel(build_config(size, cfg, tune_frcnn=True)), get_setting("full")).train()
     config = frozen.model.config
     with torch.no_grad():
         precomputed = frozen.model.visual_features(batch.inputs)
@@ -202,47 +197,94 @@ def main() -> None:
             step()
             if round_index >= args.warmup:
                 times[name].append(time.perf_counter() - started)
-        print(f"round {round_index + 1}/{args.warmup + args.reps}" + ("" if round_index >= args.warmup else " (warm-up)"),
+        print(f"{size} round {round_index + 1}/{args.warmup + args.reps}"
+              + ("" if round_index >= args.warmup else " (warm-up)"),
               " ".join(f"{k}={v[-1]:.3f}s" for k, v in times.items() if v and round_index >= args.warmup),
               file=sys.stderr)
-    median = {k: statistics.median(v) for k, v in times.items()}
+    return times, config
 
-    batch_size, length = input_ids.shape
+
+def summarise(times: dict[str, list[float]]) -> dict[str, float]:
+    """Medians of the times, and of the per-round ratios and differences: the steps of one round run within
+    seconds of each other, so a change of the machine's load between rounds cancels out of those."""
+    out = {k: statistics.median(v) for k, v in times.items()}
+    rounds = range(len(times["C"]))
+    for name in ("A", "B", "D"):
+        out[f"{name}/C"] = statistics.median(times[name][i] / times["C"][i] for i in rounds)
+    out["A-B"] = statistics.median(times["A"][i] - times["B"][i] for i in rounds)
+    out["D-B"] = statistics.median(times["D"][i] - times["B"][i] for i in rounds)
+    return out
+
+
+def mlm_head_share(config: VLBertConfig, batch) -> float:
+    """Matmul FLOPs of the MLM head (transform + vocabulary decoder on the masked positions) over those of the
+    encoder layers on the whole batch: what the VL-BERT step computes and a bare BertModel does not."""
+    tokens = int(batch.inputs.attention_mask.numel())
+    masked = int((batch.mlm_labels != IGNORE_INDEX).sum())
+    hidden, inter = config.hidden_size, config.intermediate_size
+    encoder = tokens * config.num_hidden_layers * (4 * hidden * hidden + 2 * hidden * inter)
+    head = masked * (hidden * hidden + hidden * config.vocab_size)
+    return head / encoder
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    tokenizer = load_tokenizer(cfg["model"]["bert_path"])
+    batch = build_batch(cfg, tokenizer, np.random.default_rng(0))
+    results = {size: measure(size, cfg, batch, args) for size in args.size}
+
+    batch_size, length = batch.inputs.input_ids.shape
     num_cc = int(batch.inputs.has_image.sum())
-    shape = (f"hidden {config.hidden_size}, {config.num_hidden_layers} layers, {config.num_attention_heads} heads, "
-             f"intermediate {config.intermediate_size}, vocabulary {config.vocab_size}")
-    size_note = ("the embedded model of config/config.yaml (MiniLM-L6's shape, first "
-                 f"{config.num_hidden_layers} layers)" if args.size == "embedded" else "BERT-BASE's shape")
+    any_config = next(iter(results.values()))[1]
     lines = [
-        f"Model: {size_note}: {shape}; random weights. Visual network: the default detector's ResNet-C4 "
-        f"(stage widths {config.visual_backbone['stage_widths']}, {config.appearance_dim}-d RoI features), "
-        f"geometry {config.geometry_dim}-d.",
-        f"Batch: {batch_size} samples ({num_cc} <Caption, Image> with {batch.inputs.boxes.shape[1]} boxes on "
-        f"{batch.inputs.images.shape[-1]}-px images + {batch_size - num_cc} <Text, ∅>), padded length {length}; "
-        f"the bare BertModel gets the same ids and padding mask.",
-        f"Machine: {machine()}; {args.threads} threads; {args.warmup} warm-up rounds, median of {args.reps} "
-        "alternating rounds.",
-        "",
-        "| step | median s | vs bare BertModel |",
-        "|---|---|---|",
-        f"| A: VL-BERT, setting d (frozen Fast R-CNN in the step) | {median['A']:.3f} | {median['A'] / median['C']:.2f}× |",
-        f"| **B: VL-BERT, setting d, RoI features precomputed (no CNN)** | {median['B']:.3f} | "
-        f"**{median['B'] / median['C']:.2f}×** (target ≤ 1.3×) |",
-        f"| C: bare `transformers.BertModel` forward + backward + AdamW | {median['C']:.3f} | 1.00× |",
-        f"| D: VL-BERT, setting full (Fast R-CNN stages 3-5 tuned) | {median['D']:.3f} | {median['D'] / median['C']:.2f}× |",
-        f"| E: visual network forward alone (frozen) | {median['E']:.3f} | |",
-        "",
-        f"Visual-network cost: {median['A'] - median['B']:.3f} s per step frozen (A − B; E alone: "
-        f"{median['E']:.3f} s), {median['D'] - median['B']:.3f} s tuned (D − B, which also includes setting "
-        "full's extra backward through stages 3-5).",
+        f"Batch (setting d of config/config.yaml): {batch_size} samples ({num_cc} <Caption, Image> with "
+        f"{batch.inputs.boxes.shape[1]} boxes on {batch.inputs.images.shape[-1]}-px images + {batch_size - num_cc} "
+        f"<Text, ∅>), padded length {length}, {int((batch.mlm_labels != IGNORE_INDEX).sum())} masked tokens; the "
+        "bare BertModel gets the same ids and padding mask. Visual network: the default detector's ResNet-C4 "
+        f"(stage widths {any_config.visual_backbone['stage_widths']}, {any_config.appearance_dim}-d RoI "
+        f"features), geometry {any_config.geometry_dim}-d. Random weights.",
+        f"Machine: {machine()}; {args.threads} threads; {args.warmup} warm-up rounds, then {args.reps} measured "
+        "rounds of A B C D E; per-round times: "
+        + "; ".join(f"{size} " + " ".join(f"{k}=[{', '.join(f'{t:.2f}' for t in v)}]" for k, v in times.items())
+                    for size, (times, _) in results.items()) + ".",
+    ]
+    for size, (times, config) in results.items():
+        median = summarise(times)
+        name = (f"embedded model (config/config.yaml: MiniLM-L6's shape, first {config.num_hidden_layers} layers)"
+                if size == "embedded" else "BERT-BASE size")
+        lines += [
+            "",
+            f"**{name}**: hidden {config.hidden_size}, {config.num_hidden_layers} layers, "
+            f"{config.num_attention_heads} heads, intermediate {config.intermediate_size}, vocabulary "
+            f"{config.vocab_size}.",
+            "",
+            "| step | median s | vs bare BertModel (median of per-round ratios) |",
+            "|---|---|---|",
+            f"| A: VL-BERT, setting d (frozen Fast R-CNN in the step) | {median['A']:.3f} | {median['A/C']:.2f}× |",
+            f"| **B: VL-BERT, setting d, RoI features precomputed (no CNN)** | {median['B']:.3f} | "
+            f"**{median['B/C']:.2f}×** (target ≤ 1.3×) |",
+            f"| C: bare `transformers.BertModel` forward + backward + AdamW | {median['C']:.3f} | 1.00× |",
+            f"| D: VL-BERT, setting full (Fast R-CNN stages 3-5 tuned) | {median['D']:.3f} | {median['D/C']:.2f}× |",
+            f"| E: visual network forward alone (frozen) | {median['E']:.3f} | |",
+            "",
+            f"Visual-network cost: {median['A-B']:.3f} s a step frozen (A − B, median over rounds; E alone "
+            f"{median['E']:.3f} s), {median['D-B']:.3f} s tuned (D − B, with setting full's backward "
+            f"through stages 3-5). The MLM head over the masked tokens (a {config.vocab_size}-word decoder), which "
+            f"B computes and C does not, has {100 * mlm_head_share(config, batch):.0f}% of the encoder's matmul "
+            "FLOPs at this size.",
+        ]
+    lines += [
         "",
         "B computes exactly A's step: in a frozen setting the CNN runs without gradients and its output does "
         "not depend on anything that trains; B passes the batch's RoI features (computed once beforehand, with "
-        "the same pixel masking) as `roi_features=` and skips only the CNN.",
+        "the same pixel masking) as `roi_features=` and skips only the CNN. C's loss is the mean square of the "
+        "last hidden states.",
         "",
         "```bash",
-        f"uv run python benchmarks/pretrain_step.py --threads {args.threads} --size {args.size} --reps {args.reps} "
-        f"--warmup {args.warmup}" + (" --write" if args.write else ""),
+        f"uv run python benchmarks/pretrain_step.py --threads {args.threads} --size {' '.join(args.size)} "
+        f"--reps {args.reps} --warmup {args.warmup}" + (" --write" if args.write else ""),
         "```",
     ]
     report = "\n".join(lines)
