@@ -283,9 +283,10 @@ def main() -> None:
             f"| F: MLM head alone (part of B), forward + backward | {median['F']:.3f} | {median['F/C']:.2f}× |",
             f"| B without its MLM head (B − F) | | {median['(B-F)/C']:.2f}× |",
             "",
-            f"Visual-network cost: {median['A-B']:.3f} s a step frozen (A − B, median over rounds; E alone "
-            f"{median['E']:.3f} s), {median['D-B']:.3f} s tuned (D − B, with setting full's backward "
-            f"through stages 3-5). The MLM head over the masked tokens (a {config.vocab_size}-word decoder), which "
+            f"Visual-network cost: {median['E']:.3f} s a step frozen (E; A − B, the median of per-round "
+            f"differences, is {median['A-B']:.3f} s), {median['D-B']:.3f} s tuned (D − B, with setting full's "
+            f"backward through stages 3-5); B itself varied by {max(times['B']) - min(times['B']):.2f} s between "
+            f"rounds, so a difference below that is noise. The MLM head over the masked tokens (a {config.vocab_size}-word decoder), which "
             f"B computes and C does not, has {100 * mlm_head_share(config, batch):.0f}% of the encoder's matmul "
             "FLOPs at this size, and its vocabulary x hidden matrix is read and written several times a step.",
         ]
