@@ -119,3 +119,10 @@ def world(tmp_path_factory):
         text.append(str(root / f"{corpus}-00000.tar"))
     return {"root": root, "bert": str(bert_dir), "detector": str(root / "detector.pt"), "cc": cc, "rois": rois,
             "text": text}
+
+
+@pytest.fixture(autouse=True)
+def no_proxy(monkeypatch):
+    """Loopback requests in tests must not be routed through a proxy set in the environment."""
+    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)

@@ -127,12 +127,6 @@ def server():
     httpd.server_close()
 
 
-@pytest.fixture(autouse=True)
-def no_proxy(monkeypatch):
-    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-
-
 # (raw TSV line, expected status, a fragment of the recorded error or None)
 def cases(base: str) -> list[tuple[bytes, str, str | None]]:
     def row(caption: str, path: str) -> bytes:

@@ -232,13 +232,6 @@ def http_base():
     server.server_close()
 
 
-@pytest.fixture(autouse=True)
-def no_proxy(monkeypatch):
-    """Loopback requests must not be routed through a proxy set in the environment."""
-    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-
-
 def test_http_image_404_and_html(http_base):
     downloader = Downloader(timeout_s=2, retries=2, max_bytes=1_000_000, threads=1, backoff_s=0.01)
     data, status, error = downloader.fetch(f"{http_base}/image.png")

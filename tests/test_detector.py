@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np

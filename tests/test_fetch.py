@@ -51,9 +51,7 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture()
-def server(monkeypatch):
-    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
+def server():
     RangeHandler.requests = []
     RangeHandler.served_cut = False
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RangeHandler)

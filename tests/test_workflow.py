@@ -83,6 +83,13 @@ def test_the_report_shows_every_plot_and_each_image_exists(ci_run):
         assert (report.parent / src).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", src
 
 
+def assert_outputs_are_vqa_or_tables(dry_run_output: str) -> None:
+    """Every output a dry run plans belongs to a VQA fine-tune, a VQA evaluation or the tables."""
+    for line in re.findall(r"^\s+output: (.+)$", dry_run_output, flags=re.M):
+        for path in line.split(", "):
+            assert path.startswith(("results/finetune/vqa/", "results/eval/vqa/", "results/tables/")), path
+
+
 def test_second_run_has_nothing_to_do(ci_run):
     proc = snakemake(ci_run, "-n", "--configfile", str(CI_CONFIG), "--cores", "1", TARGET, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -99,10 +106,7 @@ def test_editing_the_vqa_learning_rate_reruns_only_vqa_and_tables(ci_run, tmp_pa
     out = proc.stdout + proc.stderr
     counts = planned_rules(out)
     assert set(counts) == {"finetune", "evaluate", "tables"}, counts
-    outputs = re.findall(r"^\s+output: (.+)$", out, flags=re.M)
-    for line in outputs:
-        for path in line.split(", "):
-            assert path.startswith(("results/finetune/vqa/", "results/eval/vqa/", "results/tables/")), path
+    assert_outputs_are_vqa_or_tables(out)
     assert counts["finetune"] == 6 + 2  # every setting at half, none and full at full
 
 
@@ -129,9 +133,7 @@ def test_editing_the_vqa_head_code_reruns_only_vqa_and_tables(ci_run, tmp_path):
     counts = planned_rules(out)
     assert set(counts) == {"finetune", "evaluate", "tables"}, counts
     assert counts["finetune"] == 6 + 2
-    for line in re.findall(r"^\s+output: (.+)$", out, flags=re.M):
-        for path in line.split(", "):
-            assert path.startswith(("results/finetune/vqa/", "results/eval/vqa/", "results/tables/")), path
+    assert_outputs_are_vqa_or_tables(out)
 
 
 def test_adding_one_cc_shard_plans_that_shard_and_its_downstream_only(ci_run, tmp_path):

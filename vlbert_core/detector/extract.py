@@ -65,6 +65,17 @@ def selection_kwargs(rois_cfg: Mapping[str, Any]) -> dict[str, Any]:
             "max_boxes": int(rois_cfg["max_boxes"]), "nms_iou": float(rois_cfg["nms_iou"])}
 
 
+def _backbone_features(model, images: Sequence[torch.Tensor], device: torch.device):
+    """The detector's transform and backbone on `images`: (ImageList, feature maps, original sizes)."""
+    images = [img.to(device) for img in images]
+    original_sizes = [(int(img.shape[-2]), int(img.shape[-1])) for img in images]
+    image_list, _ = model.transform(images)
+    features = model.backbone(image_list.tensors)
+    if isinstance(features, torch.Tensor):
+        features = OrderedDict([("0", features)])
+    return image_list, features, original_sizes
+
+
 def run_detector(model: torch.nn.Module, images: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The detector network on a batch of images ([3, H, W] float in [0, 1]): per image, the box
     regressed for every proposal and foreground class, [P, K, 4] in the pixels of the input image
@@ -81,12 +92,7 @@ def run_detector(model: torch.nn.Module, images: Sequence[torch.Tensor]) -> list
     model.eval()
     try:
         with torch.inference_mode():
-            images = [img.to(device) for img in images]
-            original_sizes = [(int(img.shape[-2]), int(img.shape[-1])) for img in images]
-            image_list, _ = model.transform(images)
-            features = model.backbone(image_list.tensors)
-            if isinstance(features, torch.Tensor):
-                features = OrderedDict([("0", features)])
+            image_list, features, original_sizes = _backbone_features(model, images, device)
             proposals, _ = model.rpn(image_list, features)
             heads = model.roi_heads
             box_features = heads.box_head(heads.box_roi_pool(features, proposals, image_list.image_sizes))
@@ -143,12 +149,7 @@ def classify_boxes(model: torch.nn.Module, images: Sequence[torch.Tensor],
     model.eval()
     try:
         with torch.inference_mode():
-            images = [img.to(device) for img in images]
-            original_sizes = [(int(img.shape[-2]), int(img.shape[-1])) for img in images]
-            image_list, _ = model.transform(images)
-            features = model.backbone(image_list.tensors)
-            if isinstance(features, torch.Tensor):
-                features = OrderedDict([("0", features)])
+            image_list, features, original_sizes = _backbone_features(model, images, device)
             resized_boxes = []
             for b, resized, original in zip(boxes, image_list.image_sizes, original_sizes):
                 scale = torch.tensor([resized[1] / original[1], resized[0] / original[0]] * 2, dtype=torch.float32)
