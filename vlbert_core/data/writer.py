@@ -21,6 +21,8 @@ from vlbert_core.utils import atomic_path
 
 FIXED_MTIME = 0  # member timestamps: a constant, so reruns are byte-identical (an int: a float adds a PAX header per member)
 _OWNER = "vlbert"
+# Members are small (tens of KB); one large buffer turns four write calls per sample into one per MiB.
+_WRITE_BUFFER_BYTES = 1 << 20
 _MEMBER_MODE = 0o444
 # webdataset groups members by the part of the name before the first dot, so keys carry no dots.
 _KEY_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -62,7 +64,7 @@ class ShardWriter:
         stack = contextlib.ExitStack()
         try:
             tmp = stack.enter_context(atomic_path(self.path))
-            handle = stack.enter_context(open(tmp, "wb"))
+            handle = stack.enter_context(open(tmp, "wb", buffering=_WRITE_BUFFER_BYTES))
             self._tar = webdataset.TarWriter(
                 handle, user=_OWNER, group=_OWNER, mode=_MEMBER_MODE, encoder=False, mtime=FIXED_MTIME
             )
