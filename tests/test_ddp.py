@@ -1,20 +1,22 @@
-"""Two-process DDP on CPU (gloo, loopback): it runs, and it trains exactly what one process trains on the
-same global batch."""
+"""Two-process DDP on CPU (gloo, loopback), started the way rule pretrain starts it (torchrun, through
+vlbert_core.pretrain.launch): it runs, and it trains exactly what one process trains on the same global batch."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import socket
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+import yaml
 
 from vlbert_core.pretrain import pretrain
+from vlbert_core.pretrain.launch import Launch, distributed_command, pretrain_arguments
+
+REPO = Path(__file__).resolve().parents[1]
 
 # Both runs see the same global batch of 8 samples a step: one process runs the two data streams itself
 # (4 + 4 samples), each of the two ranks runs one stream (2 + 2 samples).
@@ -24,12 +26,6 @@ STEPS = 3
 # 3e-7 when measured, while training moves them by ~1e-3 (and a per-rank mean instead of the global
 # normalisation of the losses makes them differ by 1.6e-3).
 ATOL, RTOL = 2e-5, 1e-4
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _dropout_free_bert(world, root: Path) -> str:
@@ -55,17 +51,21 @@ def _kwargs(world, bert: str, out: Path, per_rank_batch: int, streams_per_rank: 
                 seed=3, device="cpu")
 
 
-def _rank_main(rank: int, world_size: int, port: int, kwargs: dict) -> None:
-    # What torchrun sets for each process it starts.
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                      GLOO_SOCKET_IFNAME="lo")
-    torch.set_num_threads(1)
-    try:
-        pretrain(**kwargs)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+def _launch_two_processes(kwargs: dict, root: Path) -> None:
+    """Rule pretrain's path for pretrain.launch {nodes: 1, processes_per_node: 2}: the config in a YAML file,
+    `torchrun --standalone --nproc-per-node=2 -m vlbert_core.pretrain ...`."""
+    config_file = root / "launch_config.yaml"
+    config_file.write_text(yaml.safe_dump({"model": kwargs["model_cfg"], "pretrain": kwargs["pretrain_cfg"],
+                                           "seed": kwargs["seed"], "device": kwargs["device"]}))
+    command = distributed_command(Launch(nodes=1, processes_per_node=2), pretrain_arguments(
+        setting=kwargs["setting"], config_file=str(config_file), cc_shards=kwargs["cc_shards"],
+        roi_parquets=kwargs["roi_parquets"], text_shards=kwargs["text_shards"], detector=kwargs["detector_path"],
+        out_dir=kwargs["out_dir"]))
+    assert "--standalone" in command  # one node: a local rendezvous, on loopback
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
 
 def _weights(out: Path) -> dict[str, torch.Tensor]:
@@ -81,10 +81,7 @@ def test_two_process_ddp_matches_one_process_on_the_same_global_batch(world, tmp
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # the tokenizer is used again in forked processes
     pretrain(**_kwargs(world, bert, one, per_rank_batch=4, streams_per_rank=2))
-    # fork: the children inherit the imported torch instead of paying its import again.
-    mp.start_processes(_rank_main, args=(2, _free_port(), _kwargs(world, bert, two, per_rank_batch=2,
-                                                                   streams_per_rank=1)),
-                       nprocs=2, join=True, start_method="fork")
+    _launch_two_processes(_kwargs(world, bert, two, per_rank_batch=2, streams_per_rank=1), tmp_path)
 
     single, ddp = _weights(one), _weights(two)
     assert single.keys() == ddp.keys()

@@ -36,6 +36,9 @@ class VLBertConfig:
     tune_frcnn: bool = False         # train stages 3-5 of the visual network
     frozen_stages: int = 2
     freeze_bn: bool = True
+    # Starting weights of the LayerNorms that gate the visual term (released: 0.0, so training starts from BERT).
+    visual_scale_text_init: float = 0.0
+    visual_scale_object_init: float = 0.0
     bert_path: str = ""              # spec the weights/vocab came from
 
     def __post_init__(self) -> None:

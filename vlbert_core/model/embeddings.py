@@ -64,17 +64,21 @@ class VLBertEmbeddings(nn.Module):
         # The visual term of a text-only sample; zero at start so such a sample is exactly BERT's input.
         self.text_only_visual = nn.Parameter(torch.zeros(hidden))
         self.visual_feature = VisualFeatureEmbedding(config)
-        # As released: the visual term enters through a LayerNorm whose weight starts at 0 (one for the
-        # words/[END], which see box 0, and one for the [IMG] elements), so training starts from BERT.
+        # As released: the visual term enters through a LayerNorm (one for the words/[END], which see box 0,
+        # and one for the [IMG] elements) whose weight starts at visual_scale_*_init (released: 0, so
+        # training starts from BERT) and whose bias starts at 0.
         self.visual_norm_text = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
         self.visual_norm_object = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
+        self.visual_scale_text_init = config.visual_scale_text_init
+        self.visual_scale_object_init = config.visual_scale_object_init
 
     def reset_special_parameters(self, std: float) -> None:
         for p in (self.img_token, self.masked_roi_token, self.end_token):
             nn.init.normal_(p, std=std)
         nn.init.zeros_(self.text_only_visual)
-        for norm in (self.visual_norm_text, self.visual_norm_object):
-            nn.init.zeros_(norm.weight)
+        for norm, scale in ((self.visual_norm_text, self.visual_scale_text_init),
+                            (self.visual_norm_object, self.visual_scale_object_init)):
+            nn.init.constant_(norm.weight, scale)
             nn.init.zeros_(norm.bias)
 
     def forward(self, input_ids: torch.Tensor, element_kind: torch.Tensor, segment_ids: torch.Tensor,

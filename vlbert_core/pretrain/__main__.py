@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
     set_threads(args.threads or max(1, (os.cpu_count() or 1) // local_processes))
     from .loop import pretrain
 
-    pretrain_cfg = {k: v for k, v in config["pretrain"].items() if k != "settings"}
+    pretrain_cfg = {k: v for k, v in config["pretrain"].items() if k not in ("settings", "launch")}
     return pretrain(setting=args.setting, cc_shards=args.cc_shards, roi_parquets=args.roi_parquets,
                     text_shards=args.text_shards, detector_path=args.detector, model_cfg=dict(config["model"]),
                     pretrain_cfg=pretrain_cfg, out_dir=str(args.out), seed=int(config["seed"]),

@@ -82,6 +82,8 @@ def build_vlbert_config(model_cfg: Mapping[str, Any], detector_meta: Mapping[str
         num_object_classes=int(detector_meta["num_classes"]) + 1,  # + background, as in the RoI class scores
         tune_frcnn=tune_frcnn, frozen_stages=int(model_cfg["frozen_stages"]), freeze_bn=bool(model_cfg["freeze_bn"]),
         bert_path=str(model_cfg["bert_path"]),
+        visual_scale_text_init=float(model_cfg.get("visual_scale_text_init", 0.0)),
+        visual_scale_object_init=float(model_cfg.get("visual_scale_object_init", 0.0)),
     )
 
 

@@ -5,6 +5,7 @@ import functools
 import json
 
 from vlbert_core.fingerprint import code_fingerprint
+from vlbert_core.pretrain.launch import Launch
 
 
 @functools.cache  # called once per job while planning; the value depends on (script, task) only
@@ -56,6 +57,27 @@ wildcard_constraints:
     schedule="|".join(config["finetune"]["schedules"]),
     finetune_task="|".join(FINETUNE_TASKS),
     eval_task="|".join(EVAL_TASKS),
+
+
+def pretrain_resources():
+    """Resources of a pre-training job: its SLURM allocation follows pretrain.launch.
+
+    One node: the job step gets all processes_per_node GPUs and torchrun (or the script itself)
+    starts the processes. Several nodes: `mpi` keeps the SLURM plugin from wrapping the job in its
+    own one-task srun, so the script's `srun --ntasks-per-node=1 torchrun ...` can reach every node;
+    tasks = nodes gives one launcher task per node and --gpus-per-node the GPUs of each.
+    tasks_per_gpu=0 stops the plugin from turning `tasks` into --ntasks-per-gpu.
+    """
+    launch = Launch.from_config(config["pretrain"].get("launch"))
+    cuda = config["device"] == "cuda"
+    resources = {"mem_mb": 8000, "runtime": 600, "nodes": launch.nodes, "tasks_per_gpu": 0}
+    if launch.nodes == 1:
+        resources["gpu"] = launch.processes_per_node if cuda else 0
+    else:
+        resources.update(mpi="srun", tasks=launch.nodes)
+        if cuda:
+            resources["slurm_extra"] = f"--gpus-per-node={launch.processes_per_node}"
+    return resources
 
 
 def cc_shard_ids(split):

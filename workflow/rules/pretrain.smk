@@ -1,4 +1,7 @@
 # One VL-BERT pre-training per Table 4 setting. Setting `none` is the BERT initialisation itself.
+# pretrain.launch (nodes x processes_per_node) decides how many processes train it: one runs inside
+# the script; more are started by torchrun, across nodes by srun + torchrun
+# (vlbert_core/pretrain/launch.py), and the resources below ask SLURM for that allocation.
 
 
 rule pretrain:
@@ -18,14 +21,13 @@ rule pretrain:
         pretrain=stable({k: v for k, v in config["pretrain"].items() if k != "settings"}),
         seed=config["seed"],
         device=config["device"],
+        code=code("pretrain"),
     log:
         "logs/pretrain/{setting}.log",
     benchmark:
         "benchmarks/rules/pretrain/{setting}.tsv"
     threads: 1
     resources:
-        mem_mb=8000,
-        runtime=600,
-        gpu=1 if config["device"] == "cuda" else 0,
+        **pretrain_resources(),
     script:
         "../scripts/pretrain.py"

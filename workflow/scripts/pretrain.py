@@ -1,31 +1,55 @@
-"""Snakemake entry point: pre-train VL-BERT for one Table 4 setting."""
+"""Snakemake entry point: pre-train VL-BERT for one Table 4 setting, in this process or through torchrun."""
 
+import subprocess
 from pathlib import Path
 
-from vlbert_core.utils import set_threads, setup_logging
+import yaml
+
+from vlbert_core.pretrain.launch import Launch, distributed_command, pretrain_arguments
+from vlbert_core.utils import get_logger, set_threads, setup_logging
 
 
 def main(smk) -> None:
     setup_logging(smk.log[0])
-    set_threads(smk.threads)
-    from vlbert_core.pretrain import pretrain
-
     out_dir = Path(smk.output["model"]).parent
     for name in ("config", "metrics", "visual_clue"):
         if Path(smk.output[name]).parent != out_dir:
             raise ValueError(f"rule pretrain: output '{name}' ({smk.output[name]}) must sit beside {smk.output['model']}")
-    pretrain(
-        setting=smk.params["setting"],
-        cc_shards=list(smk.input["cc_shards"]),
-        roi_parquets=list(smk.input["roi_parquets"]),
-        text_shards=list(getattr(smk.input, "text_shards", [])),
-        detector_path=str(smk.input["detector"]),
-        model_cfg=dict(smk.params["model"]),
-        pretrain_cfg=dict(smk.params["pretrain"]),
-        out_dir=str(out_dir),
-        seed=int(smk.params["seed"]),
-        device=str(smk.params["device"]),
-    )
+    pretrain_cfg = {k: v for k, v in dict(smk.params["pretrain"]).items() if k != "launch"}
+    launch = Launch.from_config(smk.params["pretrain"].get("launch"))
+    if launch.in_process:
+        set_threads(smk.threads)
+        from vlbert_core.pretrain import pretrain
+
+        pretrain(
+            setting=smk.params["setting"],
+            cc_shards=list(smk.input["cc_shards"]),
+            roi_parquets=list(smk.input["roi_parquets"]),
+            text_shards=list(getattr(smk.input, "text_shards", [])),
+            detector_path=str(smk.input["detector"]),
+            model_cfg=dict(smk.params["model"]),
+            pretrain_cfg=pretrain_cfg,
+            out_dir=str(out_dir),
+            seed=int(smk.params["seed"]),
+            device=str(smk.params["device"]),
+        )
+        return
+
+    # Every process reads the same config: this job's params, written beside the outputs.
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config_file = out_dir / "launch_config.yaml"
+    config_file.write_text(yaml.safe_dump({
+        "model": dict(smk.params["model"]), "pretrain": pretrain_cfg,
+        "seed": int(smk.params["seed"]), "device": str(smk.params["device"])}))
+    command = distributed_command(launch, pretrain_arguments(
+        setting=smk.params["setting"], config_file=str(config_file), cc_shards=list(smk.input["cc_shards"]),
+        roi_parquets=list(smk.input["roi_parquets"]), text_shards=list(getattr(smk.input, "text_shards", [])),
+        detector=str(smk.input["detector"]), out_dir=str(out_dir)))
+    log = get_logger("pretrain.launch")
+    log.info("%d nodes x %d processes; each rank logs to %s/pretrain.rank<RANK>.log; running: %s",
+             launch.nodes, launch.processes_per_node, out_dir, " ".join(command))
+    with open(smk.log[0], "a") as log_file:
+        subprocess.run(command, check=True, stdout=log_file, stderr=subprocess.STDOUT)
 
 
 if __name__ == "__main__":  # under Snakemake's script: directive `snakemake` is a global

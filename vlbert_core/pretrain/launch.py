@@ -1,0 +1,89 @@
+"""How rule `pretrain` starts its processes: one in-process run, torchrun on one node, or srun + torchrun
+across nodes.
+
+`pretrain.launch` in the config says how many nodes and how many processes per node (one per GPU):
+
+    pretrain:
+      launch: {nodes: 2, processes_per_node: 4}
+
+- 1 x 1: the rule's script calls `pretrain()` itself (laptop, CI, one GPU).
+- 1 x P: `torchrun --standalone --nproc-per-node P -m vlbert_core.pretrain ...` on this machine.
+- N x P: `srun --nodes N --ntasks-per-node 1 torchrun --nnodes N --nproc-per-node P --rdzv-backend c10d
+  --rdzv-endpoint <this host>:<port> -m vlbert_core.pretrain ...`: one torchrun per node, started by
+  srun inside the SLURM allocation the rule's resources asked for (nodes, tasks, gpu; see
+  workflow/rules/pretrain.smk). The batch script runs on the allocation's first node, so this host is
+  the rendezvous point.
+
+Every process gets the same command line; `python -m vlbert_core.pretrain` (its __main__) reads the
+merged config from the YAML file the rule writes beside the outputs, and torchrun gives each process its
+RANK / LOCAL_RANK / WORLD_SIZE.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+RENDEZVOUS_PORT = 29500  # torchrun's default; the c10d store listens here on the first node
+
+
+@dataclass(frozen=True)
+class Launch:
+    nodes: int = 1
+    processes_per_node: int = 1
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.processes_per_node < 1:
+            raise ValueError(f"pretrain.launch: nodes ({self.nodes}) and processes_per_node "
+                             f"({self.processes_per_node}) must be >= 1")
+
+    @classmethod
+    def from_config(cls, launch: Mapping | None) -> "Launch":
+        launch = dict(launch or {})
+        unknown = sorted(set(launch) - {"nodes", "processes_per_node"})
+        if unknown:
+            raise ValueError(f"pretrain.launch: unknown keys {unknown}; expected nodes, processes_per_node")
+        return cls(int(launch.get("nodes", 1)), int(launch.get("processes_per_node", 1)))
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.processes_per_node
+
+    @property
+    def in_process(self) -> bool:
+        return self.world_size == 1
+
+
+def pretrain_arguments(*, setting: str, config_file: str, cc_shards: Sequence[str], roi_parquets: Sequence[str],
+                       text_shards: Sequence[str], detector: str, out_dir: str) -> list[str]:
+    """The arguments of `python -m vlbert_core.pretrain` (see its __main__) for one setting."""
+    args = ["--setting", setting, "--config", config_file, "--cc-shards", *cc_shards,
+            "--roi-parquets", *roi_parquets, "--detector", detector, "--out", out_dir]
+    if text_shards:
+        args += ["--text-shards", *text_shards]
+    return args
+
+
+def distributed_command(launch: Launch, pretrain_args: Sequence[str], *, python: str = sys.executable,
+                        environ: Mapping[str, str] = os.environ, hostname: str | None = None) -> list[str]:
+    """The command line that starts launch.world_size processes of `python -m vlbert_core.pretrain`."""
+    if launch.in_process:
+        raise ValueError("one process: call pretrain() directly, no launcher needed")
+    torchrun = [python, "-m", "torch.distributed.run", f"--nproc-per-node={launch.processes_per_node}"]
+    if launch.nodes == 1:
+        return [*torchrun, "--standalone", "-m", "vlbert_core.pretrain", *pretrain_args]
+    job_id = environ.get("SLURM_JOB_ID")
+    if not job_id:
+        raise RuntimeError(
+            f"pretrain.launch asks for {launch.nodes} nodes, which needs a SLURM allocation: run the workflow "
+            "with --profile profiles/slurm (README: 'Pre-training on several GPUs and nodes'), or set "
+            "pretrain.launch.nodes: 1")
+    # The allocation's size is not checked here: the SLURM plugin's job step drops every SLURM_* variable
+    # but the job id, and srun itself fails with "only N nodes allocated" when it is too small.
+    endpoint = f"{hostname or socket.getfqdn()}:{RENDEZVOUS_PORT}"
+    return ["srun", f"--nodes={launch.nodes}", "--ntasks-per-node=1", f"--ntasks={launch.nodes}",
+            *torchrun, f"--nnodes={launch.nodes}", "--rdzv-backend=c10d", f"--rdzv-id=vlbert-{job_id}",
+            f"--rdzv-endpoint={endpoint}", "-m", "vlbert_core.pretrain", *pretrain_args]
