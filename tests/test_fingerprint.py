@@ -83,3 +83,17 @@ def test_task_families():
         "vcr", "vcr", "vcr", "vqa", "refcoco", "refcoco"]
     with pytest.raises(ValueError, match="gqa"):
         task_family("gqa")
+
+
+def test_every_rule_that_runs_a_script_passes_its_code_fingerprint():
+    """A rule without `code=` would not re-run when the library code under its script changes."""
+    import re
+
+    missing = []
+    for smk in sorted((REPO / "workflow" / "rules").glob("*.smk")):
+        # A rule's block runs from its `rule` line to the next one (or the end of the file).
+        for block in re.split(r"^\s*rule ", smk.read_text(), flags=re.M)[1:]:
+            name = block.split(":", 1)[0]
+            if re.search(r"^\s+script:", block, flags=re.M) and not re.search(r"^\s+code=", block, flags=re.M):
+                missing.append(f"{smk.name}: rule {name}")
+    assert not missing, f"rules that run a script without a `code=` param: {missing}"

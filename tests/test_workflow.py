@@ -1,5 +1,6 @@
 """End to end: the real workflow on config/ci.yaml (the smallest world) in a temporary directory."""
 
+import base64
 import csv
 import json
 import re
@@ -152,3 +153,48 @@ def test_adding_one_cc_shard_plans_that_shard_and_its_downstream_only(ci_run, tm
     assert "results/shards/cc/train-00001.tar" in outputs and "results/rois/cc/train-00001.parquet" in outputs
     assert "train-00000" not in outputs, "no other shard is downloaded or extracted again"
     assert counts["pretrain"] == 6 and counts["finetune"] == 32  # everything downstream
+
+
+def test_the_pipeline_runs_on_imported_bottom_up_rois(ci_run, tmp_path):
+    """Bring your own RoIs, end to end: bottom-up-attention TSVs of the VQA images (generated here from the
+    detector's boxes of the finished run) become rois.source for VQA; the workflow imports them and
+    fine-tunes and evaluates VQA on them. Runs in a copy of the finished run, so the other tests see it unchanged."""
+    import numpy as np
+
+    from vlbert_core.detector import coco_image_id, read_rois, read_rois_metadata
+    from vlbert_core.detector.bottom_up import TSV_FIELDS
+
+    workdir = tmp_path / "run"
+    shutil.copytree(ci_run, workdir, symlinks=True)
+    rng = np.random.default_rng(0)
+    sizes = {}
+    for split in ("train", "val"):
+        records = [r for r in read_rois(workdir / f"results/rois/vqa/{split}.parquet").values() if r.status == "ok"]
+        sizes[split] = len(records)
+        with open(tmp_path / f"vqa_{split}.tsv", "w", newline="") as tsv:
+            for r in records:
+                # bottom-up boxes are pixel indices of the image: x2 <= image_w - 1
+                boxes = np.minimum(r.boxes, [r.image_w - 1, r.image_h - 1, r.image_w - 1, r.image_h - 1])
+                features = rng.standard_normal((len(boxes), 16)).astype(np.float32)
+                fields = [coco_image_id(r.key), str(r.image_w), str(r.image_h), str(len(boxes)),
+                          base64.b64encode(boxes.astype(np.float32).tobytes()).decode(),
+                          base64.b64encode(features.tobytes()).decode()]
+                assert len(fields) == len(TSV_FIELDS)
+                tsv.write("\t".join(fields) + "\r\n")
+    override = tmp_path / "bottom_up.yaml"
+    override.write_text(yaml.safe_dump({"rois": {"source": {"vqa": str(tmp_path / "vqa_{split}.tsv")}}}))
+    target = "results/eval/vqa/full/half/val.json"
+
+    proc = snakemake(workdir, "--configfile", str(CI_CONFIG), str(override), "--cores", "2", target)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    counts = planned_rules(out)
+    assert counts == {"import_task_rois": 2, "finetune": 1, "evaluate": 1}, counts
+    for split in ("train", "val"):
+        meta = read_rois_metadata(workdir / f"results/rois/vqa/{split}.parquet")
+        assert str(tmp_path / f"vqa_{split}.tsv") in json.dumps(meta), meta
+        imported = read_rois(workdir / f"results/rois/vqa/{split}.parquet")
+        assert sum(r.status == "ok" for r in imported.values()) == sizes[split]
+    record = json.loads((workdir / target).read_text())
+    assert record["num_examples"] > 0 and 0.0 <= record["value"] <= 1.0
+    assert (workdir / record["predictions"]).exists()
