@@ -3,6 +3,15 @@ from pathlib import Path
 
 import pytest
 
+# A detector small enough for unit tests (same ResNet-C4 structure as the world's, at 64 px).
+TINY_DETECTOR_CFG = {
+    "backbone": {"stage_widths": [8, 8, 16, 16], "blocks_per_stage": [1, 1, 1, 1], "block": "basic"},
+    "min_size": 64,
+    "max_size": 64,
+    "rpn_post_nms_train": 32,
+    "rpn_post_nms_test": 8,
+    "box_batch_size_per_image": 16,
+}
 REPO = Path(__file__).resolve().parents[1]
 
 # No test may reach a hub; the embedded world uses only packaged weights.

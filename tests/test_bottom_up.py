@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import load_script
+from conftest import TINY_DETECTOR_CFG, load_script
 from PIL import Image
 
 from vlbert_core.detector import (
@@ -35,14 +35,7 @@ from vlbert_core.detector.extract import decode_image
 REPO = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)
 
-TINY_CFG = {
-    "backbone": {"stage_widths": [8, 8, 16, 16], "blocks_per_stage": [1, 1, 1, 1], "block": "basic"},
-    "min_size": 64,
-    "max_size": 64,
-    "rpn_post_nms_train": 32,
-    "rpn_post_nms_test": 8,
-    "box_batch_size_per_image": 16,
-}
+TINY_CFG = TINY_DETECTOR_CFG
 NUM_CLASSES = 3  # foreground; class-score vectors have 4 columns
 ROIS_CFG = {"score_threshold": 0.5, "min_boxes": 10, "max_boxes": 100, "nms_iou": 0.3, "batch_size": 4}
 FEATURE_DIM = 8

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import load_script
+from conftest import TINY_DETECTOR_CFG, load_script
 import torch
 from PIL import Image, ImageDraw
 from torchvision.ops import box_iou
@@ -36,15 +36,7 @@ from vlbert_core.detector.train import load_coco_split
 
 torch.set_num_threads(1)
 
-TINY_CFG = {
-    "backbone": {"stage_widths": [8, 8, 16, 16], "blocks_per_stage": [1, 1, 1, 1], "block": "basic"},
-    "min_size": 64,
-    "max_size": 64,
-    "rpn_post_nms_train": 32,
-    "rpn_post_nms_test": 8,
-    "box_batch_size_per_image": 16,
-    "train": {"steps": 3, "batch_size": 2, "lr": 0.01, "weight_decay": 0.0001},
-}
+TINY_CFG = {**TINY_DETECTOR_CFG, "train": {"steps": 3, "batch_size": 2, "lr": 0.01, "weight_decay": 0.0001}}
 SHAPE_COLOURS = {1: (220, 30, 30), 2: (30, 200, 40), 3: (40, 60, 230)}
 
 

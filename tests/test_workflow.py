@@ -97,14 +97,23 @@ def test_second_run_has_nothing_to_do(ci_run):
     assert "Nothing to be done" in proc.stdout + proc.stderr
 
 
-def test_editing_the_vqa_learning_rate_reruns_only_vqa_and_tables(ci_run, tmp_path):
+def dry_run_with_edited_config(ci_run: Path, tmp_path: Path, edit) -> str:
+    """The output of `snakemake -n` against the finished run, with config/ci.yaml changed by edit(config)
+    (re-dumped, so only the values differ)."""
     edited = yaml.safe_load(CI_CONFIG.read_text())
-    edited["finetune"]["vqa"]["lr"] = edited["finetune"]["vqa"]["lr"] * 2
+    edit(edited)
     (tmp_path / "edited.yaml").write_text(yaml.safe_dump(edited))
     proc = snakemake(ci_run, "-n", "--configfile", str(tmp_path / "edited.yaml"), "--cores", "1", TARGET,
                      timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout + proc.stderr
+    return proc.stdout + proc.stderr
+
+
+def test_editing_the_vqa_learning_rate_reruns_only_vqa_and_tables(ci_run, tmp_path):
+    def double_vqa_lr(config):
+        config["finetune"]["vqa"]["lr"] = config["finetune"]["vqa"]["lr"] * 2
+
+    out = dry_run_with_edited_config(ci_run, tmp_path, double_vqa_lr)
     counts = planned_rules(out)
     assert set(counts) == {"finetune", "evaluate", "tables"}, counts
     assert_outputs_are_vqa_or_tables(out)
@@ -138,14 +147,11 @@ def test_editing_the_vqa_head_code_reruns_only_vqa_and_tables(ci_run, tmp_path):
 
 
 def test_adding_one_cc_shard_plans_that_shard_and_its_downstream_only(ci_run, tmp_path):
-    edited = yaml.safe_load(CI_CONFIG.read_text())
-    assert edited["cc"]["num_shards"]["train"] == 1
-    edited["cc"]["num_shards"]["train"] = 2
-    (tmp_path / "edited.yaml").write_text(yaml.safe_dump(edited))
-    proc = snakemake(ci_run, "-n", "--configfile", str(tmp_path / "edited.yaml"), "--cores", "1", TARGET,
-                     timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout + proc.stderr
+    def add_one_shard(config):
+        assert config["cc"]["num_shards"]["train"] == 1
+        config["cc"]["num_shards"]["train"] = 2
+
+    out = dry_run_with_edited_config(ci_run, tmp_path, add_one_shard)
     counts = planned_rules(out)
     assert counts["download_cc"] == 1 and counts["extract_rois"] == 1
     assert "partition_cc" not in counts and "world" not in counts and "train_detector" not in counts
