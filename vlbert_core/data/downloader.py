@@ -17,6 +17,7 @@ a bad server. Retries (with exponential back-off) happen only for failures that 
 from __future__ import annotations
 
 import base64
+import functools
 import http.client
 import os
 import socket
@@ -239,8 +240,12 @@ class Downloader:
             for scheme, setting in urllib.request.getproxies().items()
             if scheme in ("http", "https") and setting
         }
-        self._ssl_context = ssl.create_default_context()
         self._idle = _IdleConnections(limit=2 * self.threads)
+
+    @functools.cached_property
+    def _ssl_context(self) -> ssl.SSLContext:
+        # Built on the first https URL: loading the CA store costs tens of ms, wasted on an http-only shard.
+        return ssl.create_default_context()
 
     def close(self) -> None:
         """Close the idle keep-alive connections (call it when no fetch is running)."""

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+import tarfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -68,6 +69,10 @@ class ShardWriter:
             self._tar = webdataset.TarWriter(
                 handle, user=_OWNER, group=_OWNER, mode=_MEMBER_MODE, encoder=False, mtime=FIXED_MTIME
             )
+            # webdataset (1.0) works out USTAR as its default format but never hands it to tarfile, which then
+            # checks every member for PAX fields it never needs: keys are ASCII and short, sizes < 8 GiB, and
+            # the mtime is an int. Same bytes either way, one pure-Python pass less per member.
+            self._tar.tarstream.format = tarfile.USTAR_FORMAT
             stack.callback(self._tar.close)  # runs before the file closes and before the rename
         except BaseException:
             stack.close()
