@@ -15,7 +15,7 @@ causes, on the outputs of a run (default: this checkout's `results/`):
    diagnostic objective, not the paper's. Then shape-word accuracy on the held-out captions, image vs blanked.
 
 Reproduce: uv run python benchmarks/visual_grounding.py --run . --write-docs
-(about 6 minutes on 2 CPU cores; needs a completed `snakemake ... results/tables/table4_ablation.csv`).
+(about 5 minutes on 2 CPU cores; needs a completed `snakemake ... results/tables/table4_ablation.csv`).
 """
 
 from __future__ import annotations
@@ -42,13 +42,14 @@ from vlbert_core.pretrain.loop import build_batches, build_vlbert_config, parame
 from vlbert_core.pretrain.masking import word_groups  # noqa: E402
 from vlbert_core.pretrain.objectives import VLBertForPretraining  # noqa: E402
 from vlbert_core.pretrain.settings import get_setting  # noqa: E402
-from vlbert_core.world.vocabulary import CATEGORIES, COLOUR_NAMES  # noqa: E402
+from vlbert_core.utils import set_threads  # noqa: E402
+from vlbert_core.world.vocabulary import CATEGORIES, COLOUR_NAMES, SIZE_NAMES  # noqa: E402
 
 DOCS = REPO / "docs" / "benchmarks.md"
 SECTION = "## Visual grounding (why the visual-clue check shows no gap)"
 SHAPES = tuple(c.name for c in CATEGORIES)
 SHAPE_WORDS = frozenset(SHAPES) | frozenset(c.plural for c in CATEGORIES)
-SIZES = frozenset({"small", "large"})
+SIZES = frozenset(SIZE_NAMES)
 COUNTS = frozenset({"two", "three", "four", "five", "six"})
 PROBE_SAMPLES_PER_SHARD = 300
 PROBE_TRAIN_FRACTION = 0.7
@@ -298,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--write-docs", action="store_true", help=f"replace '{SECTION}' in docs/benchmarks.md")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     started = time.time()
     run = Run(args.run.resolve())
     held_out = run.captions(run.stream_cfg.held_out_per_shard)
