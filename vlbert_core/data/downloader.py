@@ -1,9 +1,9 @@
 """Fetch image bytes from http(s):// and file:// URLs with timeouts, retries and a size cap.
 
-HTTP uses the standard library's http.client over keep-alive connections. A connection that
-served a complete response goes back to a small pool shared by the worker threads, keyed by
-scheme, host, port and proxy, so the images of one host cost one TCP (and TLS) handshake rather
-than one per image. A connection that saw any error is closed, never reused. Redirects are
+HTTP/1.1 is spoken by http1.Connection over keep-alive connections. A connection that served
+a complete response goes back to a small pool shared by the worker threads, keyed by scheme,
+host, port and proxy, so the images of one host cost one TCP (and TLS) handshake rather than one
+per image. A connection that saw any error is closed, never reused. Redirects are
 followed here: at most `max_redirects` hops, http/https targets only, relative Locations resolved
 against the URL that sent them, and a loop is stopped as soon as a URL comes round again.
 Proxies come from the environment (http_proxy, https_proxy, no_proxy), read the way urllib
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import functools
-import http.client
 import os
 import socket
 import ssl
@@ -29,13 +28,13 @@ import urllib.parse
 import urllib.request
 from typing import NamedTuple
 
+from vlbert_core.data import http1
 from vlbert_core.data import status as st
 from vlbert_core.utils import get_logger
 
 log = get_logger(__name__)
 
 USER_AGENT = "vlbert-pipeline/0.1 (+research reproduction)"
-_CHUNK_BYTES = 256 * 1024  # one recv returns what has arrived; this only caps it
 # Characters left as they are when a URL is re-quoted: URL syntax, and '%' so existing escapes survive.
 _URL_SAFE = ":/?#[]@!$&'()*+,;=%~"
 _REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
@@ -77,29 +76,19 @@ class _Route(NamedTuple):
     proxy: _Proxy | None
 
 
-class _TooLarge(Exception):
-    pass
-
-
-class _DeadlineExceeded(Exception):
-    pass
-
-
 def _fail(status: str, error: str, transient: bool = False, retry_after_s: float | None = None) -> _Attempt:
     return _Attempt(FetchResult(None, status, error), transient, retry_after_s)
 
 
-def _retry_after_seconds(headers) -> float | None:
-    value = headers.get("Retry-After") if headers is not None else None
-    if value and value.strip().isdigit():
-        return float(value.strip())
-    return None
+def _retry_after_seconds(response: http1.Response) -> float | None:
+    value = response.header("Retry-After").strip()
+    return float(value) if value.isdigit() else None
 
 
 def normalize_http_url(url: str) -> str:
     """Percent-encode spaces and non-ASCII in the path/query and IDNA-encode the host.
 
-    Captions' URLs in the wild contain raw spaces and UTF-8; http.client refuses both.
+    Captions' URLs in the wild contain raw spaces and UTF-8, which cannot go into a request line.
     """
     parts = urllib.parse.urlsplit(url)
     netloc = parts.netloc
@@ -147,10 +136,10 @@ class _IdleConnections:
     def __init__(self, limit: int):
         self.limit = limit
         self._lock = threading.Lock()
-        self._idle: dict[_Route, list[http.client.HTTPConnection]] = {}  # least recently returned first
+        self._idle: dict[_Route, list[http1.Connection]] = {}  # least recently returned first
         self._count = 0
 
-    def take(self, route: _Route) -> http.client.HTTPConnection | None:
+    def take(self, route: _Route) -> http1.Connection | None:
         with self._lock:
             connections = self._idle.get(route)
             if not connections:
@@ -161,7 +150,7 @@ class _IdleConnections:
             self._count -= 1
             return connection
 
-    def put(self, route: _Route, connection: http.client.HTTPConnection) -> None:
+    def put(self, route: _Route, connection: http1.Connection) -> None:
         evicted = None
         with self._lock:
             connections = self._idle.pop(route, [])
@@ -232,8 +221,11 @@ class Downloader:
         self.max_backoff_s = float(max_backoff_s)
         self.max_redirects = int(max_redirects)
         self.deadline_s = float(deadline_s) if deadline_s is not None else 4.0 * self.timeout_s
+        if not user_agent.isprintable() or not user_agent.isascii():
+            raise ValueError(f"download user_agent must be printable ASCII, got {user_agent!r}")
         self.user_agent = user_agent
-        self._headers = {"User-Agent": user_agent, "Accept": "image/*,*/*;q=0.8"}
+        # identity: a compressed body would need decoding, and images do not compress anyway.
+        self._headers = {"User-Agent": user_agent, "Accept": "image/*,*/*;q=0.8", "Accept-Encoding": "identity"}
         # Read once, like urllib's ProxyHandler does when its opener is built.
         self._proxies = {
             scheme: _parse_proxy(setting)
@@ -335,8 +327,8 @@ class Downloader:
             url = target
         return _fail(st.HTTP_ERROR, f"too many redirects (more than max_redirects {self.max_redirects})")
 
-    def _route(self, url: str) -> tuple[_Route, str]:
-        """The connection route of `url` and the request-target to send (ValueError for a bad URL)."""
+    def _route(self, url: str) -> tuple[_Route, str, str]:
+        """The connection route of `url`, the request-target and the Host header (ValueError for a bad URL)."""
         parts = urllib.parse.urlsplit(url)
         scheme = parts.scheme.lower()
         host = parts.hostname
@@ -344,82 +336,68 @@ class Downloader:
             raise ValueError("no host")
         port = parts.port or _DEFAULT_PORTS[scheme]  # .port raises ValueError for a bad port
         hostport = parts.netloc.rpartition("@")[2]
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         proxy = self._proxies.get(scheme)
         if proxy is not None and urllib.request.proxy_bypass(hostport):
             proxy = None
         if proxy is not None and scheme == "http":
             # A plain-HTTP proxy takes the absolute URL; https goes through a CONNECT tunnel instead.
-            path = f"http://{hostport}{path}"
-        return _Route(scheme, host, port, proxy), path
+            target = f"http://{hostport}{target}"
+        http1.check_request_text("URL host", hostport)
+        http1.check_request_text("URL path", target)
+        return _Route(scheme, host, port, proxy), target, hostport
 
-    def _new_connection(self, route: _Route) -> http.client.HTTPConnection:
-        https = route.scheme == "https"
-        if route.proxy is None:
-            host, port = route.host, route.port
-        else:
-            host, port = route.proxy.host, route.proxy.port  # the proxy itself is spoken to in plain HTTP
-        if https:
-            connection = http.client.HTTPSConnection(host, port, timeout=self.timeout_s, context=self._ssl_context)
-            if route.proxy is not None:
-                tunnel_headers = {"Proxy-Authorization": route.proxy.authorization} if route.proxy.authorization else None
-                connection.set_tunnel(route.host, route.port, headers=tunnel_headers)
-            return connection
-        return http.client.HTTPConnection(host, port, timeout=self.timeout_s)
-
-    def _wait_bound(self, connection: http.client.HTTPConnection, started: float) -> None:
-        """Make the next socket wait end at timeout_s or at the attempt's deadline, whichever is first."""
-        remaining = self.deadline_s - (time.monotonic() - started)
-        if remaining <= 0:
-            raise _DeadlineExceeded
-        wait = min(self.timeout_s, remaining)
-        connection.timeout = wait  # used by connect()
-        if connection.sock is not None:
-            connection.sock.settimeout(wait)
-
-    def _exchange(
-        self, connection: http.client.HTTPConnection, target: str, headers: dict, started: float
-    ) -> http.client.HTTPResponse:
-        self._wait_bound(connection, started)
-        connection.request("GET", target, headers=headers)
-        return connection.getresponse()
+    def _new_connection(self, route: _Route, deadline: float) -> http1.Connection:
+        direct = route.proxy is None
+        host, port = (route.host, route.port) if direct else (route.proxy.host, route.proxy.port)
+        if route.scheme != "https":
+            return http1.Connection.open(host, port, self.timeout_s, deadline)
+        tunnel = None
+        if not direct:  # the proxy itself is spoken to in plain HTTP, and asked for a tunnel
+            authority = f"[{route.host}]:{route.port}" if ":" in route.host else f"{route.host}:{route.port}"
+            tunnel_headers = {"Proxy-Authorization": route.proxy.authorization} if route.proxy.authorization else {}
+            tunnel = (authority, tunnel_headers)
+        return http1.Connection.open(
+            host, port, self.timeout_s, deadline, tls=self._ssl_context, tls_host=route.host, tunnel=tunnel
+        )
 
     def _request(self, url: str, started: float) -> _Attempt | str:
         """GET `url` once; an _Attempt, or the Location of a redirect to follow."""
         try:
-            route, target = self._route(url)
+            route, target, host = self._route(url)
         except (ValueError, KeyError) as err:
             return _fail(st.UNSUPPORTED_URL, f"invalid URL ({err}): {url[:200]}")
         headers = self._headers
         if route.proxy is not None and route.scheme == "http" and route.proxy.authorization:
             headers = {**headers, "Proxy-Authorization": route.proxy.authorization}
+        deadline = started + self.deadline_s
         connection = self._idle.take(route)
         keep_alive = False
         try:
-            if connection is None:
-                connection = self._new_connection(route)
-                response = self._exchange(connection, target, headers, started)
-            else:
+            if connection is not None:
+                connection.deadline = deadline
                 try:
-                    response = self._exchange(connection, target, headers, started)
+                    connection.send_request("GET", target, host, headers)
+                    response = connection.read_head()
                 except _STALE_CONNECTION_ERRORS:
                     connection.close()
-                    connection = self._new_connection(route)
-                    response = self._exchange(connection, target, headers, started)
-            outcome, keep_alive = self._read_response(connection, response, started)
+                    connection = None
+            if connection is None:
+                connection = self._new_connection(route, deadline)
+                connection.send_request("GET", target, host, headers)
+                response = connection.read_head()
+            outcome, keep_alive = self._read_response(connection, response)
             return outcome
-        except _TooLarge:
+        except http1.BodyTooLarge:
             return _fail(st.TOO_LARGE, f"body exceeds max_bytes {self.max_bytes}")
-        except _DeadlineExceeded:
+        except http1.DeadlineExceeded:
             return _fail(st.TIMEOUT, f"transfer took longer than {self.deadline_s:g}s", transient=True)
-        except http.client.IncompleteRead as err:
-            return _fail(st.CONNECTION_ERROR, f"connection closed mid-body ({len(err.partial)} bytes read)", True)
-        except http.client.InvalidURL as err:
-            return _fail(st.UNSUPPORTED_URL, f"invalid URL: {err}")
-        except OSError as err:  # before HTTPException: RemoteDisconnected is both, and is a dropped connection
+        except http1.IncompleteBody as err:
+            return _fail(st.CONNECTION_ERROR, str(err), transient=True)
+        except http1.ProtocolError as err:
+            return _fail(st.CONNECTION_ERROR, f"bad HTTP response: {err}")
+        except OSError as err:
             return self._classify_os_error(err)
-        except http.client.HTTPException as err:
-            return _fail(st.CONNECTION_ERROR, f"bad HTTP response: {type(err).__name__}: {err}")
         except (ValueError, UnicodeError) as err:
             return _fail(st.UNSUPPORTED_URL, f"invalid URL: {err}")
         finally:
@@ -429,66 +407,30 @@ class Downloader:
                 else:
                     connection.close()
 
-    def _read_response(
-        self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse, started: float
-    ) -> tuple[_Attempt | str, bool]:
+    def _read_response(self, connection: http1.Connection, response: http1.Response) -> tuple[_Attempt | str, bool]:
         """The outcome (or a redirect's Location) and whether the connection may serve another request."""
-        code = response.status
+        code = response.code
         if 200 <= code < 300:
-            declared = response.getheader("Content-Length", "")
-            if declared.strip().isdigit() and int(declared) > self.max_bytes:
-                return _fail(st.TOO_LARGE, f"Content-Length {declared} > max_bytes {self.max_bytes}"), False
-            data = self._read_capped(connection, response, started)
-            return _Attempt(FetchResult(data, st.OK, ""), False), not response.will_close
-        reusable = self._discard_body(connection, response, started)
+            if response.length is not None and response.length > self.max_bytes:
+                return _fail(st.TOO_LARGE, f"Content-Length {response.length} > max_bytes {self.max_bytes}"), False
+            data = connection.read_body(response, self.max_bytes)
+            return _Attempt(FetchResult(data, st.OK, ""), False), connection.reusable(response)
+        reusable = connection.discard_body(response, _MAX_DISCARDED_BYTES)
         if code in _REDIRECT_CODES:
-            location = response.getheader("Location")
+            location = response.header("Location")
             if not location:
                 return _fail(st.HTTP_ERROR, f"HTTP {code} redirect without a Location header"), reusable
             return location, reusable
-        return self._classify_http_status(code, response.reason, response.headers), reusable
-
-    def _read_capped(
-        self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse, started: float
-    ) -> bytes:
-        chunks: list[bytes] = []
-        total = 0
-        while True:
-            self._wait_bound(connection, started)
-            # read1 returns whatever one recv gives, so the deadline is checked while bytes trickle in.
-            chunk = response.read1(_CHUNK_BYTES)
-            if not chunk:
-                if response.length:  # the server closed before sending its declared Content-Length
-                    raise http.client.IncompleteRead(b"".join(chunks), response.length)
-                response.close()  # marks the response done, so the connection can send the next request
-                return b"".join(chunks)
-            total += len(chunk)
-            if total > self.max_bytes:
-                raise _TooLarge
-            chunks.append(chunk)
-
-    def _discard_body(
-        self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse, started: float
-    ) -> bool:
-        """Read and drop a short error/redirect body; True if the connection can be reused."""
-        if response.will_close or response.length is None or response.length > _MAX_DISCARDED_BYTES:
-            return False
-        try:
-            self._wait_bound(connection, started)
-            response.read()
-        except (OSError, http.client.HTTPException, _DeadlineExceeded):
-            return False  # the status is known already; only the connection is lost
-        response.close()
-        return True
+        return self._classify_http_status(code, response.reason, response), reusable
 
     @staticmethod
-    def _classify_http_status(code: int, reason: str, headers) -> _Attempt:
+    def _classify_http_status(code: int, reason: str, response: http1.Response) -> _Attempt:
         if code in (404, 410):
             return _fail(st.NOT_FOUND, f"HTTP {code} {reason}")
         if 300 <= code < 400:  # 300, 304, 305...: nothing this client can follow
             return _fail(st.HTTP_ERROR, f"redirect failed: HTTP {code} {reason}")
         transient = code >= 500 or code in (408, 429)
-        return _fail(st.HTTP_ERROR, f"HTTP {code} {reason}", transient, _retry_after_seconds(headers))
+        return _fail(st.HTTP_ERROR, f"HTTP {code} {reason}", transient, _retry_after_seconds(response))
 
     @staticmethod
     def _classify_os_error(err: BaseException) -> _Attempt:
