@@ -206,12 +206,14 @@ class Connection:
             scanned = 0
             while (end := _HEAD_END.search(self._buffer, max(0, scanned - 3))) is None:
                 if len(self._buffer) > MAX_HEAD_BYTES:
-                    raise ProtocolError(f"response head longer than {MAX_HEAD_BYTES} bytes")
+                    break
                 scanned = len(self._buffer)
                 if not self._receive(_HEAD_RECV_BYTES):
                     if scanned == 0:
                         raise ClosedBeforeResponse("the server closed the connection without a response")
                     raise ProtocolError("connection closed in the middle of the response head")
+            if end is None or end.start() > MAX_HEAD_BYTES:
+                raise ProtocolError(f"response head longer than {MAX_HEAD_BYTES} bytes")
             head = bytes(self._buffer[: end.start()])
             del self._buffer[: end.end()]
             response = _parse_head(head)
