@@ -253,9 +253,12 @@ class Connection:
         return bytes(body)
 
     def _read_to_close(self, max_bytes: int) -> bytes:
-        while self._receive():
-            if len(self._buffer) > max_bytes:
-                raise BodyTooLarge
+        # The buffer may already hold the whole body, read along with the head.
+        while len(self._buffer) <= max_bytes:
+            if not self._receive():
+                break
+        if len(self._buffer) > max_bytes:
+            raise BodyTooLarge
         body = bytes(self._buffer)
         self._buffer.clear()
         return body
