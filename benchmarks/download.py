@@ -20,7 +20,9 @@ What it does, in one run:
    shard worker after its imports). Neither holds the splitting of the TSV for the shard workers
    (our partition step, img2dataset's reader). CPU time per image is the marginal one, for both:
    (full run - a CALIBRATION_ROWS-row run) / the rows in between, every process counted.
-4. Prints every round and the medians, and with --write-docs replaces the body of the
+4. Takes ours apart once per round, in one process: CPU per image of the fetches alone, of
+   resize_image alone on what they fetched, and of the writing (sha256, json, TarWriter).
+5. Prints every round and the medians, and with --write-docs replaces the body of the
    "## Download (Conceptual Captions images)" section of docs/benchmarks.md.
 
 Reproduce: uv run python benchmarks/download.py --write-docs
@@ -214,6 +216,12 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def _resize_as_ours(blob: bytes):
+    from vlbert_core.data.resizer import resize_image  # the workers import it before their clocks
+
+    return resize_image(blob, MAX_SIDE, "keep_ratio", quality=QUALITY)
+
+
 def worker_shard(args: argparse.Namespace) -> dict:
     import logging
 
@@ -238,13 +246,13 @@ def worker_cpu_limit(args: argparse.Namespace) -> dict:
     work without the network, and the same weight with the OS scheduler on a shared machine."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from vlbert_core.data.resizer import resize_image
+    import vlbert_core.data.resizer  # noqa: F401  an import, so before the clock
 
     paths = Path(args.list).read_text().split("\n")
     blobs = [Path(path).read_bytes() for path in paths if path]
     started, cpu_started = time.time(), _cpu_seconds()
     with ThreadPoolExecutor(args.threads) as pool:
-        done = sum(1 for _ in pool.map(lambda blob: resize_image(blob, MAX_SIDE, "keep_ratio", quality=QUALITY), blobs))
+        done = sum(1 for _ in pool.map(_resize_as_ours, blobs))
     return {"start": started, "end": time.time(), "cpu_s": _cpu_seconds() - cpu_started, "ok": done}
 
 
@@ -258,10 +266,51 @@ def worker_img2dataset(args: argparse.Namespace) -> dict:
     return {"cpu_s": _cpu_seconds() - cpu_started}
 
 
+def worker_parts(args: argparse.Namespace) -> dict:
+    """Ours taken apart, in one process: CPU ms per image of the fetches alone (the same thread
+    pool, no resize), of resize_image alone on what was fetched, and of writing the results
+    (sha256, json, webdataset TarWriter)."""
+    import hashlib
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vlbert_core.data.downloader import Downloader
+    from vlbert_core.data.pool import imap_ordered
+    from vlbert_core.data.resizer import resize_image  # noqa: F401  an import, so before the clock
+    from vlbert_core.data.writer import ShardWriter, encode_json
+
+    urls = [line.split("\t")[1] for line in Path(args.tsv).read_text(encoding="utf-8").splitlines()]
+    ms: dict[str, float] = {}
+    with Downloader(timeout_s=10, retries=2, threads=args.threads, max_bytes=20_000_000) as downloader:
+        # Timed with each body dropped at once, as the pipeline drops it after its resize: keeping
+        # them all would time page faults on hundreds of MB of fresh memory as well.
+        started = _cpu_seconds()
+        fetched = sum(len(result.data) for result in imap_ordered(downloader.fetch, urls, args.threads))
+        ms["fetch"] = 1e3 * (_cpu_seconds() - started) / len(urls)
+        blobs = [result.data for result in imap_ordered(downloader.fetch, urls, args.threads)]
+    if sum(map(len, blobs)) != fetched:
+        raise RuntimeError("the two fetches of the same URLs gave different bytes")
+    started = _cpu_seconds()
+    with ThreadPoolExecutor(args.threads) as pool:
+        images = list(pool.map(_resize_as_ours, blobs))
+    ms["resize"] = 1e3 * (_cpu_seconds() - started) / len(urls)
+    with tempfile.TemporaryDirectory() as folder:
+        started = _cpu_seconds()
+        with ShardWriter(Path(folder) / "parts.tar") as writer:
+            for row, (url, image) in enumerate(zip(urls, images)):
+                meta = {"url": url, "row": row, "width": image.width, "height": image.height,
+                        "original_width": image.original_width, "original_height": image.original_height,
+                        "sha256": hashlib.sha256(image.jpeg).hexdigest()}
+                writer.write(f"{SPLIT}-{row:09d}", {"jpg": image.jpeg, "txt": f"photo {row}", "json": encode_json(meta)})
+        ms["write"] = 1e3 * (_cpu_seconds() - started) / len(urls)
+    return ms
+
+
 WORKERS = {
     "partition": worker_partition,
     "shard": worker_shard,
     "cpu-limit": worker_cpu_limit,
+    "parts": worker_parts,
     "img2dataset": worker_img2dataset,
 }
 
@@ -483,6 +532,10 @@ def main(argv: list[str] | None = None) -> int:
                 if method != "cpu_limit":
                     shutil.rmtree(out)  # keep the disk use of many rounds small
         load_after = os.getloadavg()
+        parts = [] if "ours" not in methods else [
+            _collect([_spawn_worker("parts", {client_cpus[0]}, runs / "parts.log", tsv=tsv, threads=args.threads)])[0]
+            for _ in range(args.rounds)
+        ]
     finally:
         server.kill()
         server.join()
@@ -496,8 +549,23 @@ def main(argv: list[str] | None = None) -> int:
     cpu_medians = {method: statistics.median(values) for method, values in cpu_ms.items()}
     cpu_ratio = cpu_medians["img2dataset"] / cpu_medians["ours"]
     cpu_fraction = cpu_medians["cpu_limit"] / cpu_medians["ours"]
+    # Round by round (the two ran minutes apart at most): how far the machine moves a single ratio.
+    round_fractions = ", ".join(f"{ours / limit:.0%}" for ours, limit in zip(rates["ours"], rates["cpu_limit"]))
     print(f"ours / img2dataset = {ratio:.2f} (target >= 1.2); ours / CPU limit = {fraction:.0%} (target >= 90%)")
     print(f"by CPU time per image: ours / img2dataset = {cpu_ratio:.2f}, ours / CPU limit = {cpu_fraction:.0%}")
+    part_ms = {name: statistics.median(run[name] for run in parts) for name in ("fetch", "resize", "write")}
+    breakdown = f"""\
+Ours taken apart (`worker parts`: each part alone over all the images, in one process on the
+client CPU; medians of {len(parts)} runs), in CPU ms per image:
+
+| part | CPU ms per image | of the resize |
+|---|---|---|
+| fetch: HTTP/1.1 over loopback, {args.threads} threads, no resize | {part_ms['fetch']:.2f} | {part_ms['fetch'] / part_ms['resize']:.0%} |
+| resize_image on what was fetched (the CPU limit's work) | {part_ms['resize']:.2f} | 100% |
+| write: sha256, json and webdataset TarWriter (3 members per sample) | {part_ms['write']:.2f} | {part_ms['write'] / part_ms['resize']:.0%} |
+| the three, added | {sum(part_ms.values()):.2f} | {sum(part_ms.values()) / part_ms['resize']:.0%} |
+| ours, whole (the median above) | {cpu_medians['ours']:.2f} | {cpu_medians['ours'] / part_ms['resize']:.0%} |
+"""
     fixed_note = " and ".join(
         f"{statistics.median(fixed_cpu_s[method]):.2f} s ({method})" for method in ("ours", "img2dataset")
     )
@@ -522,7 +590,9 @@ server on 127.0.0.1. Output: longest side {MAX_SIDE} (only shrinking), JPEG qual
 
 - **ours / img2dataset: {ratio:.2f}x** in images/s (target >= 1.2x); {cpu_ratio:.2f}x in CPU time per image
 - **ours / CPU limit: {fraction:.0%}** in images/s (target >= 90%); {cpu_fraction:.0%} in CPU time per image
+  (round by round, in images/s: {round_fractions})
 
+{breakdown}
 CPU time per image (user + system, of the measured processes and their children) is what a
 loaded machine disturbs least. Wall-clock rates also depend on the share of the client CPU that
 each run gets while other jobs run on the machine (the last column: images/s x CPU time per
