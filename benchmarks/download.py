@@ -20,8 +20,9 @@ What it does, in one run:
    shard worker after its imports). Neither holds the splitting of the TSV for the shard workers
    (our partition step, img2dataset's reader). CPU time per image is the marginal one, for both:
    (full run - a CALIBRATION_ROWS-row run) / the rows in between, every process counted.
-4. Takes ours apart once per round, in one process: CPU per image of the fetches alone, of
-   resize_image alone on what they fetched, and of the writing (sha256, json, TarWriter).
+4. Takes ours apart, --rounds times after the rounds, in one process: CPU per image of the
+   fetches alone, of resize_image alone on what they fetched, and of the writing (sha256, json,
+   TarWriter).
 5. Prints every round and the medians, and with --write-docs replaces the body of the
    "## Download (Conceptual Captions images)" section of docs/benchmarks.md.
 
@@ -270,13 +271,13 @@ def worker_parts(args: argparse.Namespace) -> dict:
     """Ours taken apart, in one process: CPU ms per image of the fetches alone (the same thread
     pool, no resize), of resize_image alone on what was fetched, and of writing the results
     (sha256, json, webdataset TarWriter)."""
-    import hashlib
     import tempfile
     from concurrent.futures import ThreadPoolExecutor
 
+    import vlbert_core.data.resizer  # noqa: F401  an import, so before the clock
+    from vlbert_core.data.cc import image_meta
     from vlbert_core.data.downloader import Downloader
     from vlbert_core.data.pool import imap_ordered
-    from vlbert_core.data.resizer import resize_image  # noqa: F401  an import, so before the clock
     from vlbert_core.data.writer import ShardWriter, encode_json
 
     urls = [line.split("\t")[1] for line in Path(args.tsv).read_text(encoding="utf-8").splitlines()]
@@ -298,10 +299,8 @@ def worker_parts(args: argparse.Namespace) -> dict:
         started = _cpu_seconds()
         with ShardWriter(Path(folder) / "parts.tar") as writer:
             for row, (url, image) in enumerate(zip(urls, images)):
-                meta = {"url": url, "row": row, "width": image.width, "height": image.height,
-                        "original_width": image.original_width, "original_height": image.original_height,
-                        "sha256": hashlib.sha256(image.jpeg).hexdigest()}
-                writer.write(f"{SPLIT}-{row:09d}", {"jpg": image.jpeg, "txt": f"photo {row}", "json": encode_json(meta)})
+                meta = encode_json(image_meta(url, row, image))
+                writer.write(f"{SPLIT}-{row:09d}", {"jpg": image.jpeg, "txt": f"photo {row}", "json": meta})
         ms["write"] = 1e3 * (_cpu_seconds() - started) / len(urls)
     return ms
 

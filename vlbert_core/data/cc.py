@@ -47,6 +47,19 @@ def _checked_options(options: Mapping[str, Any], required: tuple, optional: tupl
     return dict(options)
 
 
+def image_meta(url: str, row: int, image: ResizedImage) -> dict[str, Any]:
+    """The KEY.json of a CC sample: where the image came from, its sizes and the sha256 of the JPEG."""
+    return {
+        "url": url,
+        "row": row,
+        "width": image.width,
+        "height": image.height,
+        "original_width": image.original_width,
+        "original_height": image.original_height,
+        "sha256": hashlib.sha256(image.jpeg).hexdigest(),
+    }
+
+
 def make_downloader(download: Mapping[str, Any]) -> Downloader:
     """A Downloader from the config's cc.download mapping (unknown keys are an error)."""
     return Downloader(**_checked_options(download, DOWNLOAD_REQUIRED, DOWNLOAD_OPTIONAL, "download"))
@@ -109,17 +122,8 @@ def download_cc_shard(
             row = outcome.row
             key = cc_key(split, row.row)
             if outcome.image is not None:
-                image = outcome.image
-                meta = {
-                    "url": row.url,
-                    "row": row.row,
-                    "width": image.width,
-                    "height": image.height,
-                    "original_width": image.original_width,
-                    "original_height": image.original_height,
-                    "sha256": hashlib.sha256(image.jpeg).hexdigest(),
-                }
-                writer.write(key, {"jpg": image.jpeg, "txt": row.caption, "json": encode_json(meta)})
+                meta = image_meta(row.url, row.row, outcome.image)
+                writer.write(key, {"jpg": outcome.image.jpeg, "txt": row.caption, "json": encode_json(meta)})
             else:
                 failures_logged += 1
                 level = log.warning if failures_logged <= _MAX_LOGGED_FAILURES else log.debug
