@@ -12,6 +12,7 @@ from vlbert_core.model import (
 )
 from vlbert_core.model.bert_init import read_bert_config
 from vlbert_core.model.config import bert_fields_from_hf_config
+from vlbert_core.model.embeddings import APPEARANCE_STD_FLOOR
 from vlbert_core.model.visual import mask_roi_pixels
 
 torch.set_num_threads(1)
@@ -203,6 +204,32 @@ def test_frozen_and_tuned_visual_network():
     bns = [m for m in tuned.modules() if isinstance(m, torch.nn.BatchNorm2d)]
     assert bns and not any(m.training for m in bns) and not any(p.requires_grad for m in bns for p in m.parameters())
     assert tuned.head.layer4[0].conv1.training  # conv modules themselves stay in train mode
+
+
+def test_standardised_appearance_uses_the_measured_statistics(tmp_path):
+    torch.manual_seed(0)
+    measured = torch.randn(50, 8) * torch.linspace(0.5, 3.0, 8) + torch.linspace(-2.0, 5.0, 8)
+    measured[:, 3] = 1.5  # a dimension that never varies is divided by the floor, not by zero
+    plain, standardised = tiny_model(seed=1), tiny_model(seed=1, standardise_appearance=True)
+    standardised.embeddings.visual_feature.set_appearance_statistics(measured)
+    feature = standardised.embeddings.visual_feature
+    torch.testing.assert_close(feature.appearance_mean, measured.mean(0))
+    assert feature.appearance_std[3] == APPEARANCE_STD_FLOOR and torch.all(feature.appearance_std > 0)
+    boxes = torch.tensor([[[0.0, 0.0, 32.0, 32.0], [2.0, 3.0, 12.0, 20.0]]])
+    appearance = torch.randn(1, 2, 8) * 2.0 + 1.0
+    with torch.no_grad():
+        expected = plain.embeddings.visual_feature(boxes, (appearance - measured.mean(0)) / feature.appearance_std)
+        torch.testing.assert_close(feature(boxes, appearance), expected)
+        # Standardising removes what every box shares: a shift of all features by the measured mean is undone.
+        shifted = tiny_model(seed=1, standardise_appearance=True).embeddings.visual_feature
+        shifted.set_appearance_statistics(measured + 10.0)
+        torch.testing.assert_close(shifted(boxes, appearance + 10.0), expected)
+    # The statistics are part of the saved model.
+    standardised.save(tmp_path / "m")
+    torch.testing.assert_close(VLBertModel.load(tmp_path / "m").embeddings.visual_feature.appearance_mean,
+                               measured.mean(0))
+    with pytest.raises(ValueError, match="RoI features"):
+        feature.set_appearance_statistics(torch.zeros(1, 8))
 
 
 def test_save_and_load_roundtrip(tmp_path):

@@ -10,13 +10,15 @@ import pytest
 import torch
 from conftest import MINILM, NUM_FG_CLASSES
 
-from vlbert_core.model import IMG, VLBertModel, load_tokenizer
+from vlbert_core.detector import load_detector
+from vlbert_core.model import IMG, VLBertModel, build_input_sequence, collate_samples, load_tokenizer
+from vlbert_core.model.embeddings import APPEARANCE_STD_FLOOR
 from vlbert_core.pretrain import SETTINGS, get_setting, pretrain
 from vlbert_core.pretrain.data import (
     CaptionImageStream, DataStream, PretrainBatches, StreamConfig, TextStream, pair_shards_with_rois,
-    read_held_out_captions, text_chunks,
+    read_cc_samples, read_held_out_captions, text_chunks,
 )
-from vlbert_core.pretrain.loop import build_vlbert_config, lr_factor
+from vlbert_core.pretrain.loop import APPEARANCE_STATS_IMAGES, build_vlbert_config, lr_factor
 from vlbert_core.pretrain.masking import IGNORE_INDEX, MaskingVocab, mask_rois, whole_word_mask, word_groups
 from vlbert_core.pretrain.objectives import VLBertForPretraining
 from vlbert_core.pretrain.visual_clue import strided_word_variants
@@ -320,6 +322,30 @@ def test_setting_none_writes_bert_initialised_model(world, tmp_path):
     assert clue["captions"] == 2 and clue["masked_words"] == 12   # s0i0, s1i0 (held_out_per_shard=1)
     assert clue["with_image"]["masked_tokens"] == clue["blank_image"]["masked_tokens"] >= 12
     assert clue["with_image"]["correct"] == clue["blank_image"]["correct"]
+
+
+def test_pretraining_measures_appearance_statistics_on_training_images(world, tokenizer, tmp_path):
+    cfg = dict(model_cfg(world), standardise_appearance=True)
+    pretrain("none", world["cc"], world["rois"], world["text"], world["detector"], cfg, pretrain_cfg(), str(tmp_path),
+             seed=7, device="cpu")
+    saved = VLBertModel.load(tmp_path).embeddings.visual_feature
+    # The statistics are those of the RoI features of the images right after the held-out ones (never the
+    # held-out images the visual-clue check uses), measured with the detector-initialised visual network.
+    detector, meta = load_detector(world["detector"])
+    model = VLBertModel.from_bert(build_vlbert_config(cfg, meta, tune_frcnn=False), detector.state_dict()).eval()
+    stream_cfg = StreamConfig(max_caption_len=12, max_text_len=16, max_rois=4, image_max_side=48, seed=7,
+                              held_out_per_shard=1)
+    pairs = pair_shards_with_rois(world["cc"], world["rois"])
+    per_shard = -(-APPEARANCE_STATS_IMAGES // len(pairs))
+    samples = read_cc_samples(pairs, 1, 1 + per_shard, stream_cfg)
+    assert samples and not {s["key"] for s in samples} & {s["key"] for s in read_held_out_captions(pairs, 1, stream_cfg)}
+    batch = collate_samples([{"sequence": build_input_sequence([], None, len(s["boxes"]), cls_id=1, sep_id=2, pad_id=0),
+                              "image": s["image"], "boxes": s["boxes"]} for s in samples])
+    with torch.no_grad():
+        features = model.visual_features(batch)[batch.box_valid]
+    torch.testing.assert_close(saved.appearance_mean, features.mean(0))
+    torch.testing.assert_close(saved.appearance_std, features.std(0).clamp(min=APPEARANCE_STD_FLOOR))
+    assert saved.standardise_appearance and not torch.allclose(saved.appearance_mean, torch.zeros_like(saved.appearance_mean))
 
 
 def test_resume_matches_straight_run(world, tmp_path):

@@ -39,6 +39,9 @@ class VLBertConfig:
     # Starting weights of the LayerNorms that gate the visual term (released: 0.0, so training starts from BERT).
     visual_scale_text_init: float = 0.0
     visual_scale_object_init: float = 0.0
+    # Z-score each appearance dimension with statistics of the visual network's RoI features before the
+    # visual FC (released: off, raw features). See VisualFeatureEmbedding.
+    standardise_appearance: bool = False
     bert_path: str = ""              # spec the weights/vocab came from
 
     def __post_init__(self) -> None:

@@ -27,20 +27,47 @@ def geometry_embedding(normalised_boxes: torch.Tensor, dim: int, wave_length: fl
     return torch.cat([angles.sin(), angles.cos()], dim=-1).flatten(-2)                       # [..., 8n]
 
 
+# A feature dimension that barely varies is divided by at least this, so it cannot blow up.
+APPEARANCE_STD_FLOOR = 1e-2
+
+
 class VisualFeatureEmbedding(nn.Module):
-    """[geometry || appearance] -> Dropout -> Linear -> ReLU, one vector per box."""
+    """[geometry || appearance] -> Dropout -> Linear -> ReLU, one vector per box.
+
+    With `standardise_appearance`, each appearance dimension is first z-scored with the mean and standard
+    deviation that `set_appearance_statistics` measured on RoI features. Raw features of a small frozen
+    detector are mostly a constant vector (per dimension the mean exceeds the spread), so what tells one
+    box from another is a small part of the visual term; z-scoring makes it the whole of it.
+    """
 
     def __init__(self, config: VLBertConfig):
         super().__init__()
         self.geometry_dim = config.geometry_dim
+        self.standardise_appearance = config.standardise_appearance
+        # Buffers, so they are saved with the model and every process and task uses the same numbers.
+        self.register_buffer("appearance_mean", torch.zeros(config.appearance_dim))
+        self.register_buffer("appearance_std", torch.ones(config.appearance_dim))
         # The released config has Dropout(0.1) here, BERT's hidden dropout: taking the checkpoint's value
         # keeps 0.1 for every BERT and lets a dropout-free config be truly deterministic.
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.linear = nn.Linear(config.geometry_dim + config.appearance_dim, config.hidden_size)
         self.activation = nn.ReLU()
 
+    @torch.no_grad()
+    def set_appearance_statistics(self, features: torch.Tensor) -> None:
+        """Per-dimension mean and standard deviation of `features` [N, appearance_dim], RoI features of real
+        boxes from the visual network."""
+        dim = self.appearance_mean.numel()
+        if features.ndim != 2 or features.shape[1] != dim or features.shape[0] < 2:
+            raise ValueError(f"set_appearance_statistics: need RoI features [N >= 2, {dim}], got {tuple(features.shape)}")
+        features = features.float()
+        self.appearance_mean.copy_(features.mean(0))
+        self.appearance_std.copy_(features.std(0).clamp(min=APPEARANCE_STD_FLOOR))
+
     def forward(self, boxes: torch.Tensor, appearance: torch.Tensor) -> torch.Tensor:
         """boxes [B, R, 4] pixel x1,y1,x2,y2 with box 0 = the whole image; appearance [B, R, D]."""
+        if self.standardise_appearance:
+            appearance = (appearance - self.appearance_mean.to(appearance.dtype)) / self.appearance_std.to(appearance.dtype)
         # Box 0 is [0, 0, W, H], so it carries each image's size; clamp keeps padded samples finite.
         size = boxes[:, :1, 2:4].clamp(min=1.0)                                                # [B, 1, 2]
         normalised = boxes / size.repeat(1, 1, 2)

@@ -204,20 +204,25 @@ def _has_image_and_caption(raw: dict) -> bool:
     return "txt" in raw and any(ext in raw for ext in IMAGE_EXTENSIONS)
 
 
-def read_held_out_captions(shard_pairs: list[tuple[str, str]], per_shard: int, cfg: StreamConfig) -> list[dict]:
-    """The held-out CC samples (the first `per_shard` of every shard, which no stream trains on) whose RoI row
-    is ok, decoded as by `decode_cc_sample`, in shard order."""
-    held_out = []
+def read_cc_samples(shard_pairs: list[tuple[str, str]], first: int, stop: int, cfg: StreamConfig) -> list[dict]:
+    """The CC samples at positions first..stop-1 of every shard whose RoI row is ok, decoded as by
+    `decode_cc_sample`, in shard order."""
+    samples = []
     for url, parquet in shard_pairs:
         entries, _, _ = read_cc_rois(parquet, cfg.max_rois - 1)
         pipeline = wds.DataPipeline(wds.SimpleShardList([url]), wds.tarfile_to_samples())
         for position, raw in enumerate(pipeline):
-            if position >= per_shard:
+            if position >= stop:
                 break
             rois = entries.get(raw.get("__key__"))
-            if rois is not None and _has_image_and_caption(raw):
-                held_out.append(decode_cc_sample(raw, rois, cfg.image_max_side, cfg.max_rois))
-    return held_out
+            if position >= first and rois is not None and _has_image_and_caption(raw):
+                samples.append(decode_cc_sample(raw, rois, cfg.image_max_side, cfg.max_rois))
+    return samples
+
+
+def read_held_out_captions(shard_pairs: list[tuple[str, str]], per_shard: int, cfg: StreamConfig) -> list[dict]:
+    """The held-out CC samples: the first `per_shard` of every shard, which no stream trains on."""
+    return read_cc_samples(shard_pairs, 0, per_shard, cfg)
 
 
 # ---- the streams -------------------------------------------------------------------------------------

@@ -28,13 +28,13 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from vlbert_core.detector import build_resnet_c4, load_detector
-from vlbert_core.model import VLBertConfig, VLBertModel, load_tokenizer
+from vlbert_core.model import VLBertConfig, VLBertModel, build_input_sequence, collate_samples, load_tokenizer
 from vlbert_core.model.bert_init import read_bert_config
 from vlbert_core.model.config import bert_fields_from_hf_config
 from vlbert_core.utils import atomic_path, get_logger, seed_everything
 
 from .data import (
-    CaptionImageStream, DataStream, PretrainBatches, StreamConfig, TextStream, pair_shards_with_rois,
+    CaptionImageStream, DataStream, PretrainBatches, StreamConfig, TextStream, pair_shards_with_rois, read_cc_samples,
     read_held_out_captions,
 )
 from .masking import MaskingVocab
@@ -50,6 +50,7 @@ VISUAL_CLUE_FILE = "visual_clue.json"
 CHECKPOINT_FORMAT = 2  # 2: data state per stream
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-6  # as in BERT and the released VL-BERT optimiser
+APPEARANCE_STATS_IMAGES = 256  # training images whose RoI features give the appearance statistics
 
 PRETRAIN_KEYS = ("steps", "cc_batch_size", "text_batch_size", "lr_per_sample", "weight_decay", "warmup_steps",
                  "clip_grad", "max_text_len", "max_caption_len", "checkpoint_every", "streams_per_rank",
@@ -84,6 +85,7 @@ def build_vlbert_config(model_cfg: Mapping[str, Any], detector_meta: Mapping[str
         bert_path=str(model_cfg["bert_path"]),
         visual_scale_text_init=float(model_cfg.get("visual_scale_text_init", 0.0)),
         visual_scale_object_init=float(model_cfg.get("visual_scale_object_init", 0.0)),
+        standardise_appearance=bool(model_cfg.get("standardise_appearance", False)),
     )
 
 
@@ -171,6 +173,34 @@ def build_batches(spec: PretrainSetting, cc_shards: list, roi_parquets: list, te
     return PretrainBatches(streams, workers=bool(pretrain_cfg["stream_workers"]))
 
 
+@torch.no_grad()
+def measure_appearance_statistics(model: VLBertModel, cc_shards: list, roi_parquets: list, tokenizer,
+                                  stream_cfg: StreamConfig, device: torch.device) -> int:
+    """Give the visual FC its appearance statistics (model.standardise_appearance): mean and spread of the
+    visual network's RoI features over about APPEARANCE_STATS_IMAGES training images, the first ones of each
+    shard after the held-out samples. Every rank reads the same images, so all get the same numbers.
+    Returns the number of boxes measured."""
+    pairs = pair_shards_with_rois(list(cc_shards), list(roi_parquets))
+    first = stream_cfg.held_out_per_shard
+    samples = read_cc_samples(pairs, first, first + math.ceil(APPEARANCE_STATS_IMAGES / max(1, len(pairs))), stream_cfg)
+    if not samples:
+        raise ValueError(f"appearance statistics: no CC training sample with RoIs after the first {first} of the "
+                         f"shards {list(cc_shards)[:4]}")
+    was_training = model.training
+    model.eval()
+    features = []
+    for start in range(0, len(samples), 16):
+        batch = collate_samples([
+            {"sequence": build_input_sequence([], None, len(s["boxes"]), cls_id=tokenizer.cls_token_id,
+                                              sep_id=tokenizer.sep_token_id, pad_id=tokenizer.pad_token_id),
+             "image": s["image"], "boxes": s["boxes"]} for s in samples[start:start + 16]]).to(device)
+        features.append(model.visual_features(batch)[batch.box_valid])
+    model.train(was_training)
+    features = torch.cat(features)
+    model.embeddings.visual_feature.set_appearance_statistics(features)
+    return features.shape[0]
+
+
 def run_visual_clue_check(module: VLBertForPretraining, cc_shards: list, roi_parquets: list, tokenizer,
                           stream_cfg: StreamConfig, out: Path, device: torch.device) -> dict:
     """Measure and write out/visual_clue.json (main rank only)."""
@@ -221,6 +251,10 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
                               max_text_len=int(pretrain_cfg["max_text_len"]), max_rois=int(model_cfg["max_rois"]),
                               image_max_side=int(model_cfg["image_max_side"]), seed=seed,
                               held_out_per_shard=int(pretrain_cfg["held_out_per_shard"]))
+
+    if config.standardise_appearance:
+        boxes = measure_appearance_statistics(model, cc_shards, roi_parquets, tokenizer, stream_cfg, dev)
+        log.info("appearance statistics from %d RoIs of the first training images", boxes)
 
     if not spec.trains:
         if is_main:
