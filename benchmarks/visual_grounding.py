@@ -38,7 +38,9 @@ from vlbert_core.detector import load_detector  # noqa: E402
 from vlbert_core.model import VLBertModel, build_input_sequence, collate_samples  # noqa: E402
 from vlbert_core.model.bert_init import load_tokenizer  # noqa: E402
 from vlbert_core.pretrain.data import StreamConfig, pair_shards_with_rois, read_held_out_captions  # noqa: E402
-from vlbert_core.pretrain.loop import build_batches, build_vlbert_config, parameter_groups  # noqa: E402
+from vlbert_core.pretrain.loop import (  # noqa: E402
+    build_batches, build_vlbert_config, measure_appearance_statistics, parameter_groups,
+)
 from vlbert_core.pretrain.masking import word_groups  # noqa: E402
 from vlbert_core.pretrain.objectives import VLBertForPretraining  # noqa: E402
 from vlbert_core.pretrain.settings import get_setting  # noqa: E402
@@ -89,7 +91,12 @@ class Run:
         return read_held_out_captions(pair_shards_with_rois(self.shards, self.rois), per_shard, self.stream_cfg)
 
     def fresh_model(self) -> VLBertModel:
-        return VLBertModel.from_bert(self.vlbert_config, self.detector_state)
+        """The model pre-training starts from (appearance statistics measured as the loop does)."""
+        model = VLBertModel.from_bert(self.vlbert_config, self.detector_state)
+        if self.vlbert_config.standardise_appearance:
+            measure_appearance_statistics(model, self.shards, self.rois, self.tokenizer, self.stream_cfg,
+                                          torch.device("cpu"))
+        return model
 
     def sequence(self, ids: list[int], num_boxes: int):
         tok = self.tokenizer

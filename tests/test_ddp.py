@@ -39,8 +39,10 @@ def _dropout_free_bert(world, root: Path) -> str:
 
 
 def _kwargs(world, bert: str, out: Path, per_rank_batch: int, streams_per_rank: int) -> dict:
+    # As the embedded default: standardised appearance (each rank measures the same statistics) and the
+    # [IMG] elements gated on.
     model_cfg = {"bert_path": bert, "num_hidden_layers": 1, "geometry_dim": 16, "max_rois": 4, "image_max_side": 48,
-                 "frozen_stages": 2, "freeze_bn": True}
+                 "frozen_stages": 2, "freeze_bn": True, "standardise_appearance": True, "visual_scale_object_init": 1.0}
     pretrain_cfg = {"steps": STEPS, "cc_batch_size": per_rank_batch, "text_batch_size": per_rank_batch,
                     "lr_per_sample": 1e-4, "weight_decay": 0.01, "warmup_steps": 0, "clip_grad": 1.0,
                     "max_text_len": 16, "max_caption_len": 12, "checkpoint_every": STEPS,
