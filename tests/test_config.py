@@ -116,6 +116,9 @@ def test_paper_config_is_valid_and_has_the_paper_settings(name):
     assert (config["rois"]["score_threshold"], config["rois"]["min_boxes"], config["rois"]["max_boxes"]) == (0.5, 10, 100)
     assert config["model"]["max_rois"] == 101 and config["model"]["image_max_side"] == 1000
     assert config["model"]["num_hidden_layers"] == {"paper_base.yaml": 12, "paper_large.yaml": 24}[name]
+    # the released visual input, not the embedded world's (config.yaml, merged below these files)
+    assert (config["model"]["visual_scale_text_init"], config["model"]["visual_scale_object_init"]) == (0.0, 0.0)
+    assert config["model"]["standardise_appearance"] is False and config["model"]["geometry_dim"] == 2048
     assert config["pretrain"]["settings"] == ["none", "a", "b", "c", "d", "full"]
     assert config["pretrain"]["max_text_len"] == 64
     assert config["pretrain"]["cc_batch_size"] == config["pretrain"]["text_batch_size"]  # 1:1 mixing
