@@ -86,7 +86,8 @@ def build_config(size: str, cfg: dict, *, tune_frcnn: bool) -> VLBertConfig:
     return VLBertConfig(**bert, visual_backbone=backbone, appearance_dim=appearance_dim,
                         geometry_dim=int(model_cfg["geometry_dim"]), num_object_classes=len(OBJECTS) + 1,
                         tune_frcnn=tune_frcnn, frozen_stages=int(model_cfg["frozen_stages"]),
-                        freeze_bn=bool(model_cfg["freeze_bn"]), bert_path=model_cfg["bert_path"])
+                        freeze_bn=bool(model_cfg["freeze_bn"]), bert_path=model_cfg["bert_path"],
+                        standardise_appearance=bool(model_cfg["standardise_appearance"]))
 
 
 def build_batch(cfg: dict, tokenizer, rng: np.random.Generator):
