@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from vlbert_core.pretrain.data import (
 from vlbert_core.pretrain.loop import APPEARANCE_STATS_IMAGES, build_vlbert_config, lr_factor
 from vlbert_core.pretrain.masking import IGNORE_INDEX, MaskingVocab, mask_rois, whole_word_mask, word_groups
 from vlbert_core.pretrain.objectives import VLBertForPretraining
-from vlbert_core.pretrain.visual_clue import strided_word_variants
+from vlbert_core.pretrain.visual_clue import sign_test_p, strided_word_variants, visual_clue_check
 
 torch.set_num_threads(1)
 
@@ -233,6 +234,52 @@ def test_strided_word_variants_mask_every_word_once(tokenizer):
     assert len(strided_word_variants(ids, tokens, tokenizer.mask_token_id, stride=7)) == 6   # one word each
 
 
+class _SeesPixels(torch.nn.Module):
+    """Stand-in model for the visual-clue check: each token's hidden state is 1 if its image has any pixel."""
+
+    def visual_features(self, images):
+        seen = images.images.abs().flatten(1).sum(1)                       # [C]
+        return seen[:, None, None].expand(-1, images.boxes.shape[1], 1)   # [C, R, 1]
+
+    def forward(self, batch, roi_features):
+        sees = (roi_features.abs().flatten(1).sum(1) > 0).float()         # [N]
+        return SimpleNamespace(sequence_output=sees[:, None, None].expand(-1, batch.input_ids.shape[1], 1))
+
+
+class _RedIfSeen(torch.nn.Module):
+    """Stand-in MLM head: predicts "red" where the hidden state is 1, "blue" where it is 0."""
+
+    def __init__(self, red: int, blue: int, vocab_size: int):
+        super().__init__()
+        self.red, self.blue, self.vocab_size = red, blue, vocab_size
+
+    def forward(self, hidden):
+        logits = torch.full((hidden.shape[0], self.vocab_size), -1.0)
+        logits[:, self.red], logits[:, self.blue] = hidden[:, 0], 1 - hidden[:, 0]
+        return logits
+
+
+def test_visual_clue_check_pairs_the_two_conditions_token_by_token(tokenizer):
+    red, blue = tokenizer.convert_tokens_to_ids(["red", "blue"])
+    held_out = [{"caption": caption, "image": torch.ones(3, 8, 8), "boxes": torch.tensor([[0.0, 0.0, 8.0, 8.0]])}
+                for caption in ("red red red blue", "red blue")]
+    record = visual_clue_check(_SeesPixels(), _RedIfSeen(red, blue, tokenizer.vocab_size), held_out, tokenizer,
+                               max_caption_len=16, device=torch.device("cpu"))
+    assert record["captions"] == 2 and record["masked_words"] == 6
+    assert record["with_image"] == {"mlm_acc": 4 / 6, "correct": 4, "masked_tokens": 6}
+    assert record["blank_image"] == {"mlm_acc": 2 / 6, "correct": 2, "masked_tokens": 6}
+    assert record["paired"] == {"right_only_with_image": 4, "right_only_blanked": 2, "sign_test_p": sign_test_p(4, 2)}
+
+
+def test_sign_test_p_matches_the_exact_binomial():
+    # Reference values from scipy.stats.binomtest(wins, wins + losses).pvalue.
+    assert sign_test_p(5, 0) == sign_test_p(0, 5) == pytest.approx(0.0625)
+    assert sign_test_p(53, 27) == pytest.approx(0.004868154149559423)
+    assert sign_test_p(11, 6) == pytest.approx(0.332305908203125)
+    assert sign_test_p(0, 0) == sign_test_p(3, 3) == 1.0
+    assert 0 < sign_test_p(2000, 1900) < 1
+
+
 def test_relationship_setting_mixes_in_mismatched_captions(world, tokenizer):
     cc, _ = _streams(world, tokenizer, "c")
     labels = [next(cc)["relationship"] for _ in range(40)]
@@ -322,6 +369,7 @@ def test_setting_none_writes_bert_initialised_model(world, tmp_path):
     assert clue["captions"] == 2 and clue["masked_words"] == 12   # s0i0, s1i0 (held_out_per_shard=1)
     assert clue["with_image"]["masked_tokens"] == clue["blank_image"]["masked_tokens"] >= 12
     assert clue["with_image"]["correct"] == clue["blank_image"]["correct"]
+    assert clue["paired"] == {"right_only_with_image": 0, "right_only_blanked": 0, "sign_test_p": 1.0}
 
 
 def test_pretraining_measures_appearance_statistics_on_training_images(world, tokenizer, tmp_path):
@@ -381,6 +429,10 @@ def test_resume_matches_straight_run(world, tmp_path):
     clue_a, clue_b = (json.loads((d / "visual_clue.json").read_text()) for d in (straight, interrupted))
     assert clue_a == clue_b and clue_a["setting"] == "full" and clue_a["captions"] == 2
     assert 0 <= clue_a["with_image"]["mlm_acc"] <= 1 and 0 <= clue_a["blank_image"]["mlm_acc"] <= 1
+    paired = clue_a["paired"]
+    assert (paired["right_only_with_image"] - paired["right_only_blanked"]
+            == clue_a["with_image"]["correct"] - clue_a["blank_image"]["correct"])
+    assert paired["sign_test_p"] == sign_test_p(paired["right_only_with_image"], paired["right_only_blanked"])
 
 
 def test_changed_config_does_not_resume_foreign_checkpoint(world, tmp_path):

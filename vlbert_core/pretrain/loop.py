@@ -215,7 +215,7 @@ def run_visual_clue_check(module: VLBertForPretraining, cc_shards: list, roi_par
     else:
         log.warning("no held-out caption (pretrain.held_out_per_shard=%d): visual-clue check not measured",
                     stream_cfg.held_out_per_shard)
-        record |= {"captions": 0, "with_image": None, "blank_image": None}
+        record |= {"captions": 0, "with_image": None, "blank_image": None, "paired": None}
     with atomic_path(out / VISUAL_CLUE_FILE) as tmp:
         tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record

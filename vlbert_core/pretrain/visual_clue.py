@@ -6,9 +6,14 @@ gives min(n, WORD_STRIDE) sequences, sequence j masking words j, j + 7, j + 14, 
 become [MASK]): about 15% of the words, the training rate. The MLM head predicts them twice: once with the
 image and its RoIs, once with the image blanked. The accuracy is over masked WordPieces, like the training
 metric `mlm_acc`. Masking one word per sequence would cost 7 times as many forward passes.
+
+Both conditions predict the same masked WordPieces, so they are compared token by token: the tokens right in only
+one condition, and a two-sided exact sign test on them (tokens right or wrong in both say nothing about the image).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -44,9 +49,18 @@ def strided_word_variants(ids: list[int], tokens: list[str], mask_id: int,
     return variants
 
 
+def sign_test_p(wins: int, losses: int) -> float:
+    """Two-sided exact sign test: the chance, if each discordant token were a fair coin, of a split at least as
+    uneven as wins / losses."""
+    n = wins + losses
+    tail = sum(math.comb(n, k) for k in range(min(wins, losses) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
 @torch.no_grad()
-def _chunk_accuracy(model, mlm_head, captions: list[dict], tokenizer, device) -> tuple[int, int]:
-    """Correct and total masked WordPieces over all masked variants of `captions`."""
+def _chunk_correct(model, mlm_head, captions: list[dict], tokenizer, device) -> torch.Tensor:
+    """Whether each masked WordPiece over all masked variants of `captions` is predicted right (bool, in a fixed
+    order: caption, variant, position)."""
     def sequence(ids: list[int], num_boxes: int):
         return build_input_sequence(ids, None, num_boxes, cls_id=tokenizer.cls_token_id,
                                     sep_id=tokenizer.sep_token_id, pad_id=tokenizer.pad_token_id)
@@ -74,7 +88,7 @@ def _chunk_accuracy(model, mlm_head, captions: list[dict], tokenizer, device) ->
     label_tensor = label_tensor.to(device)
     target = label_tensor != -100
     predicted = mlm_head(hidden[target]).argmax(-1)
-    return int((predicted == label_tensor[target]).sum()), int(target.sum())
+    return (predicted == label_tensor[target]).cpu()
 
 
 def visual_clue_check(model, mlm_head, held_out: list[dict], tokenizer, max_caption_len: int,
@@ -97,20 +111,27 @@ def visual_clue_check(model, mlm_head, held_out: list[dict], tokenizer, max_capt
     record = {"captions": len(captions), "masked_words": words, "blanking": BLANKING,
               "metric": f"MLM accuracy over the WordPieces of every caption word, masked once, every "
                         f"{WORD_STRIDE}th word together"}
-    results = {}
+    results, right = {}, {}
     for condition in ("with_image", "blank_image"):
-        correct = total = 0
+        chunks = []
         for start in range(0, len(captions), CAPTIONS_PER_CHUNK):
             chunk = captions[start:start + CAPTIONS_PER_CHUNK]
             if condition == "blank_image":
                 chunk = [dict(c, image=torch.zeros_like(c["image"])) for c in chunk]
-            chunk_correct, chunk_total = _chunk_accuracy(model, mlm_head, chunk, tokenizer, device)
-            correct, total = correct + chunk_correct, total + chunk_total
+            chunks.append(_chunk_correct(model, mlm_head, chunk, tokenizer, device))
+        right[condition] = torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.bool)
+        correct, total = int(right[condition].sum()), right[condition].numel()
         results[condition] = {"mlm_acc": correct / total if total else None, "correct": correct,
                               "masked_tokens": total}
     record.update(results)
+    only_with_image = int((right["with_image"] & ~right["blank_image"]).sum())
+    only_blanked = int((right["blank_image"] & ~right["with_image"]).sum())
+    record["paired"] = {"right_only_with_image": only_with_image, "right_only_blanked": only_blanked,
+                        "sign_test_p": sign_test_p(only_with_image, only_blanked)}
     model.train(was_training)
     mlm_head.train(was_training)
     log.info("visual-clue check on %d held-out captions (%d words): MLM accuracy %s with the image, %s with it "
-             "blanked", record["captions"], words, results["with_image"]["mlm_acc"], results["blank_image"]["mlm_acc"])
+             "blanked; right only with the image / only blanked %d / %d (sign test p = %.3g)", record["captions"],
+             words, results["with_image"]["mlm_acc"], results["blank_image"]["mlm_acc"], only_with_image,
+             only_blanked, record["paired"]["sign_test_p"])
     return record
