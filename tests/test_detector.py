@@ -297,6 +297,99 @@ def test_resnet_c4_torchvision_depth_has_standard_widths():
         build_resnet_c4({"depth": 17})
 
 
+def _bottleneck_by_hand(block, x):
+    """One torchvision Bottleneck computed with F.conv2d / F.batch_norm from its own tensors (eval BN)."""
+    import torch.nn.functional as F
+
+    def conv(m, t):
+        return F.conv2d(t, m.weight, None, m.stride, m.padding, m.dilation)
+
+    def bn(m, t):
+        return F.batch_norm(t, m.running_mean, m.running_var, m.weight, m.bias, False, 0.0, m.eps)
+
+    out = F.relu(bn(block.bn1, conv(block.conv1, x)))
+    out = F.relu(bn(block.bn2, conv(block.conv2, out)))
+    out = bn(block.bn3, conv(block.conv3, out))
+    shortcut = x if block.downsample is None else bn(block.downsample[1], conv(block.downsample[0], x))
+    return F.relu(out + shortcut)
+
+
+def test_stride_in_1x1_moves_the_stride_of_each_first_bottleneck():
+    cfg = {"stage_widths": [4, 4, 8, 8], "blocks_per_stage": [1, 2, 1, 1], "block": "bottleneck"}
+    body, head, *_ = build_resnet_c4({**cfg, "stride_in_1x1": True})
+    for stage in (body.layer2, body.layer3, head.layer4):
+        assert stage[0].conv1.stride == (2, 2) and stage[0].conv2.stride == (1, 1)
+    assert body.layer2[1].conv1.stride == (1, 1)  # later blocks do not stride
+    plain_body, *_ = build_resnet_c4(cfg)
+    assert plain_body.layer2[0].conv1.stride == (1, 1) and plain_body.layer2[0].conv2.stride == (2, 2)
+    # Same weights, same output size (stride 16) either way.
+    plain_body.load_state_dict(body.state_dict())
+    x = torch.rand(1, 3, 64, 48)
+    body.eval(), plain_body.eval()
+    with torch.no_grad():
+        assert body(x).shape == plain_body(x).shape == (1, 32, 4, 3)
+        # One bottleneck with its stride in the 1x1 against the same arithmetic done by hand: a 1x1 conv
+        # with stride 2 samples every other pixel before the 3x3, which the torchvision order does after.
+        block = body.layer2[0]
+        block_in = torch.randn(2, block.conv1.in_channels, 9, 7)
+        for m in block.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5), m.running_var.uniform_(0.5, 2.0)
+                m.weight.data.uniform_(0.5, 1.5), m.bias.data.uniform_(-0.2, 0.2)
+        expected = _bottleneck_by_hand(block, block_in)
+        assert expected.shape == (2, 16, 5, 4)
+        assert torch.allclose(block(block_in), expected, atol=1e-5)
+    with pytest.raises(ValueError, match="bottleneck"):
+        build_resnet_c4({"stage_widths": [4, 4, 8, 8], "blocks_per_stage": [1, 1, 1, 1], "block": "basic",
+                         "stride_in_1x1": True})
+
+
+def test_dilated_head_keeps_a_14x14_roi_at_14x14_with_the_same_weights():
+    cfg = {"stage_widths": [4, 4, 8, 8], "blocks_per_stage": [1, 1, 1, 2], "block": "bottleneck",
+           "stride_in_1x1": True}
+    _, head, body_out, head_out = build_resnet_c4({**cfg, "head_dilation": 2})
+    _, strided_head, *_ = build_resnet_c4(cfg)
+    strided_head.load_state_dict(head.state_dict())  # no shape changes: one checkpoint serves both
+    rois = torch.rand(3, body_out, 14, 14)
+    head.eval(), strided_head.eval()
+    with torch.no_grad():
+        assert head.layer4(rois).shape[-2:] == (14, 14)
+        assert strided_head.layer4(rois).shape[-2:] == (7, 7)
+        assert head(rois).shape == (3, head_out)
+        for block in head.layer4:
+            assert block.conv2.dilation == (2, 2) and block.conv2.padding == (2, 2)
+            assert block.conv1.stride == block.conv2.stride == (1, 1)
+            assert _bottleneck_by_hand(block, rois if block is head.layer4[0] else head.layer4[0](rois)).shape[-1] == 14
+    with pytest.raises(ValueError, match="head_dilation"):
+        build_resnet_c4({**cfg, "head_dilation": 3})
+
+
+def test_pixel_formats_on_a_known_pixel():
+    from vlbert_core.detector.pixels import normalise_pixels
+
+    pixel = torch.tensor([1.0, 0.5, 0.0]).view(3, 1, 1)  # RGB in [0, 1]
+    caffe = normalise_pixels(pixel, "bgr255_caffe").flatten().tolist()
+    # BGR order, 0-255, minus the Caffe means (B 102.9801, G 115.9465, R 122.7717), std 1
+    assert caffe == pytest.approx([0.0 - 102.9801, 127.5 - 115.9465, 255.0 - 122.7717], abs=1e-4)
+    imagenet = normalise_pixels(pixel, "rgb_imagenet").flatten().tolist()
+    assert imagenet == pytest.approx([(1.0 - 0.485) / 0.229, (0.5 - 0.456) / 0.224, (0.0 - 0.406) / 0.225], abs=1e-5)
+    with pytest.raises(ValueError, match="pixel_format"):
+        normalise_pixels(pixel, "yuv")
+
+
+def test_detector_transform_normalises_with_the_backbone_pixel_format():
+    from vlbert_core.detector.pixels import normalise_pixels
+
+    cfg = {**TINY_CFG, "backbone": {**TINY_CFG["backbone"], "pixel_format": "bgr255_caffe"}}
+    model = build_detector(cfg, num_classes=2)
+    image = torch.rand(3, 20, 30)
+    assert torch.equal(model.transform.normalize(image), normalise_pixels(image, "bgr255_caffe"))
+    default = build_detector(TINY_CFG, num_classes=2)
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+    assert torch.equal(default.transform.normalize(image), (image - mean) / std)
+
+
 # ---------------------------------------------------------------- extraction
 
 

@@ -7,17 +7,29 @@ from typing import Any, Mapping
 from torchvision.models.detection import FasterRCNN
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.faster_rcnn import FastRCNNPredictor
+from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops import MultiScaleRoIAlign
 
-from .resnet_c4 import build_resnet_c4
-
-IMAGENET_MEAN = [0.485, 0.456, 0.406]
-IMAGENET_STD = [0.229, 0.224, 0.225]
+from .pixels import get_pixel_format, normalise_pixels
+from .resnet_c4 import ResNetC4Config, build_resnet_c4
 
 # Anchor sizes that cover objects from ~1/8 to the whole of a 128-px image; real configs with
 # 600-px images set `detector.anchor_sizes` (e.g. [32, 64, 128, 256, 512]).
 DEFAULT_ANCHOR_SIZES = (16, 32, 64, 128)
 DEFAULT_ASPECT_RATIOS = (0.5, 1.0, 2.0)
+
+
+class PixelFormatTransform(GeneralizedRCNNTransform):
+    """torchvision's resize-and-batch transform, normalising as the backbone's `pixel_format` says
+    (torchvision's own normalisation knows neither BGR nor the 0-255 scale of Caffe weights)."""
+
+    def __init__(self, min_size: int, max_size: int, pixel_format: str):
+        fmt = get_pixel_format(pixel_format)
+        super().__init__(min_size, max_size, image_mean=list(fmt.mean), image_std=list(fmt.std))
+        self.pixel_format = pixel_format
+
+    def normalize(self, image):
+        return normalise_pixels(image, self.pixel_format)
 
 
 def build_detector(cfg: Mapping[str, Any], num_classes: int) -> FasterRCNN:
@@ -35,7 +47,8 @@ def build_detector(cfg: Mapping[str, Any], num_classes: int) -> FasterRCNN:
                 "box_batch_size_per_image"):
         if key not in cfg:
             raise KeyError(f"detector config lacks key '{key}'")
-    body, head, body_out, head_out = build_resnet_c4(cfg["backbone"])
+    backbone_cfg = ResNetC4Config.from_dict(cfg["backbone"])
+    body, head, body_out, head_out = build_resnet_c4(backbone_cfg)
     body.out_channels = body_out  # FasterRCNN reads backbone.out_channels
 
     sizes = tuple(cfg.get("anchor_sizes", DEFAULT_ANCHOR_SIZES))
@@ -46,13 +59,11 @@ def build_detector(cfg: Mapping[str, Any], num_classes: int) -> FasterRCNN:
 
     post_train = int(cfg["rpn_post_nms_train"])
     post_test = int(cfg["rpn_post_nms_test"])
-    return FasterRCNN(
+    model = FasterRCNN(
         body,
         num_classes=None,
         min_size=int(cfg["min_size"]),
         max_size=int(cfg["max_size"]),
-        image_mean=IMAGENET_MEAN,
-        image_std=IMAGENET_STD,
         rpn_anchor_generator=anchor_generator,
         rpn_pre_nms_top_n_train=int(cfg.get("rpn_pre_nms_train", max(2000, post_train))),
         rpn_pre_nms_top_n_test=int(cfg.get("rpn_pre_nms_test", max(1000, post_test))),
@@ -66,3 +77,5 @@ def build_detector(cfg: Mapping[str, Any], num_classes: int) -> FasterRCNN:
         box_nms_thresh=float(cfg.get("box_nms_thresh", 0.5)),
         box_detections_per_img=int(cfg.get("box_detections_per_img", 100)),
     )
+    model.transform = PixelFormatTransform(int(cfg["min_size"]), int(cfg["max_size"]), backbone_cfg.pixel_format)
+    return model

@@ -13,6 +13,15 @@ fresh `build_resnet_c4` pair built with the same config.
 
 BatchNorm is plain `nn.BatchNorm2d`: the detector trains it, and the VL-BERT side freezes it by
 putting the modules in eval mode and turning off their gradients.
+
+Two options reproduce the MSRA / Caffe ResNets of bottom-up attention and the released VL-BERT; neither
+changes a tensor's shape, so the same weights load either way:
+- `stride_in_1x1`: the stride of a stage's first bottleneck sits in its 1x1 conv (MSRA, Caffe), not in
+  the 3x3 (torchvision, "ResNet v1.5").
+- `head_dilation` 2: stage 5 keeps stride 1 and dilates its 3x3 convs by 2 (released VL-BERT,
+  IMAGE_C5_DILATED), so a 14x14 RoI stays 14x14 until the average pool; 1 is the detector head of
+  bottom-up attention and torchvision (stride 2, 14x14 -> 7x7).
+The pixels a backbone's weights expect are part of its config too (`pixel_format`, pixels.py).
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 from torchvision.models import resnet as tv_resnet
+
+from .pixels import PIXEL_FORMATS
 
 # Key prefixes of the body and head inside the detector's state dict (see faster_rcnn.py).
 DETECTOR_BODY_PREFIX = "backbone."
@@ -42,7 +53,8 @@ class ResNetC4Config:
     stage_widths / blocks_per_stage: planes and block count of stages 2, 3, 4, 5 (the stem has
     stage_widths[0] channels, as in torchvision where both are 64). `init_weights`: optional local
     path to a torchvision-format ResNet state dict (ImageNet weights) loaded into body and head;
-    nothing is ever downloaded.
+    nothing is ever downloaded. `stride_in_1x1`, `head_dilation`: see the module docstring.
+    `pixel_format`: the input normalisation the weights were trained with (pixels.PIXEL_FORMATS).
     """
 
     stage_widths: list[int] = field(default_factory=lambda: [16, 32, 64, 128])
@@ -50,12 +62,16 @@ class ResNetC4Config:
     block: str = "basic"
     depth: int | None = None
     init_weights: str | None = None
+    stride_in_1x1: bool = False
+    head_dilation: int = 1
+    pixel_format: str = "rgb_imagenet"
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any] | "ResNetC4Config") -> "ResNetC4Config":
         if isinstance(cfg, ResNetC4Config):
             return cfg
-        known = {"stage_widths", "blocks_per_stage", "block", "depth", "init_weights"}
+        known = {"stage_widths", "blocks_per_stage", "block", "depth", "init_weights", "stride_in_1x1",
+                 "head_dilation", "pixel_format"}
         unknown = set(cfg) - known
         if unknown:
             raise ValueError(f"detector.backbone: unknown keys {sorted(unknown)}; allowed {sorted(known)}")
@@ -64,6 +80,15 @@ class ResNetC4Config:
         return out
 
     def validate(self) -> None:
+        if self.head_dilation not in (1, 2):
+            raise ValueError(f"detector.backbone.head_dilation={self.head_dilation}: expected 1 (stride-2 stage 5) "
+                             "or 2 (stride 1, dilation 2)")
+        if self.pixel_format not in PIXEL_FORMATS:
+            raise ValueError(f"detector.backbone.pixel_format={self.pixel_format!r}: expected one of "
+                             f"{sorted(PIXEL_FORMATS)}")
+        if self.stride_in_1x1 and self.uses_basic_blocks:
+            raise ValueError("detector.backbone.stride_in_1x1 needs bottleneck blocks (ResNet-50/101/152 or "
+                             "block: bottleneck): a basic block has no 1x1 conv")
         if self.depth is not None:
             if self.depth not in _TORCHVISION_DEPTHS:
                 raise ValueError(f"detector.backbone.depth={self.depth}: expected one of {sorted(_TORCHVISION_DEPTHS)}")
@@ -78,9 +103,17 @@ class ResNetC4Config:
         if min(self.stage_widths) < 1 or min(self.blocks_per_stage) < 1:
             raise ValueError(f"detector.backbone: widths and block counts must be >= 1, got {self}")
 
+    @property
+    def uses_basic_blocks(self) -> bool:
+        if self.depth is not None:
+            return self.depth in (18, 34)
+        return self.block == "basic"
+
     def to_dict(self) -> dict[str, Any]:
         return {"stage_widths": list(self.stage_widths), "blocks_per_stage": list(self.blocks_per_stage),
-                "block": self.block, "depth": self.depth, "init_weights": self.init_weights}
+                "block": self.block, "depth": self.depth, "init_weights": self.init_weights,
+                "stride_in_1x1": self.stride_in_1x1, "head_dilation": self.head_dilation,
+                "pixel_format": self.pixel_format}
 
 
 def _make_stage(block: type[nn.Module], inplanes: int, planes: int, blocks: int, stride: int) -> tuple[nn.Sequential, int]:
@@ -97,6 +130,29 @@ def _make_stage(block: type[nn.Module], inplanes: int, planes: int, blocks: int,
     return nn.Sequential(*layers), out_planes
 
 
+def _move_stride_to_1x1(stage: nn.Sequential) -> None:
+    """MSRA / Caffe bottlenecks: the first block strides in its 1x1 conv instead of its 3x3."""
+    first = stage[0]
+    if not isinstance(first, tv_resnet.Bottleneck):
+        raise ValueError("stride_in_1x1 applies to bottleneck blocks only")
+    first.conv1.stride, first.conv2.stride = first.conv2.stride, (1, 1)
+
+
+def _dilate_head(stage: nn.Sequential, dilation: int) -> None:
+    """Stage 5 at stride 1 with its 3x3 convs dilated (padding = dilation keeps the map size), as the
+    released VL-BERT's RoI head. Shapes of all weights are unchanged."""
+    for block in stage:
+        block.stride = 1
+        if block.downsample is not None:
+            block.downsample[0].stride = (1, 1)
+        block.conv1.stride = (1, 1)
+        # Bottleneck: the 3x3 is conv2; BasicBlock: the released code dilates its first 3x3 only.
+        conv3x3 = block.conv2 if isinstance(block, tv_resnet.Bottleneck) else block.conv1
+        conv3x3.stride = (1, 1)
+        conv3x3.dilation = (dilation, dilation)
+        conv3x3.padding = (dilation, dilation)
+
+
 def _init_weights(modules: list[nn.Module]) -> None:
     # Same scheme as torchvision's ResNet, so small and standard backbones start alike.
     for module in modules:
@@ -111,9 +167,10 @@ def _init_weights(modules: list[nn.Module]) -> None:
 def build_resnet_c4(cfg: Mapping[str, Any] | ResNetC4Config) -> tuple[nn.Sequential, nn.Sequential, int, int]:
     """Return (body, head, body_out_channels, head_out_channels).
 
-    body maps an image batch [B, 3, H, W] to the stride-16 stage-4 map [B, body_out, H/16, W/16];
-    head maps RoI features [R, body_out, S, S] (S = 14 after RoIAlign) through stage 5 (stride 2)
-    and global average pooling to [R, head_out].
+    body maps an image batch [B, 3, H, W] (normalised as cfg.pixel_format says) to the stride-16
+    stage-4 map [B, body_out, H/16, W/16]; head maps RoI features [R, body_out, S, S] (S = 14 after
+    RoI pooling) through stage 5 (stride 2, or stride 1 dilated with head_dilation 2) and global
+    average pooling to [R, head_out].
     """
     cfg = ResNetC4Config.from_dict(cfg)
     if cfg.depth is not None:
@@ -140,6 +197,12 @@ def build_resnet_c4(cfg: Mapping[str, Any] | ResNetC4Config) -> tuple[nn.Sequent
                 body_out = inplanes
         head_out = inplanes
         _init_weights([m for _, m in stem] + stages)
+
+    if cfg.stride_in_1x1:
+        for stage in stages[1:]:
+            _move_stride_to_1x1(stage)
+    if cfg.head_dilation != 1:
+        _dilate_head(stages[3], cfg.head_dilation)
 
     body = nn.Sequential(OrderedDict(stem + [("layer1", stages[0]), ("layer2", stages[1]), ("layer3", stages[2])]))
     head = nn.Sequential(OrderedDict([("layer4", stages[3]), ("avgpool", nn.AdaptiveAvgPool2d(1)),

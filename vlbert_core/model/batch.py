@@ -9,10 +9,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .inputs import IMG, InputSequence
+from vlbert_core.detector.pixels import DEFAULT_PIXEL_FORMAT, normalise_pixels
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from .inputs import IMG, InputSequence
 
 
 @dataclass
@@ -55,13 +54,12 @@ def fit_image(img: Image.Image, max_side: int) -> tuple[Image.Image, float]:
     return img, scale
 
 
-def image_to_tensor(img: Image.Image) -> torch.Tensor:
-    """RGB image -> Float [3, H, W] normalised with the ImageNet mean/std (as the detector saw it)."""
+def image_to_tensor(img: Image.Image, pixel_format: str = DEFAULT_PIXEL_FORMAT) -> torch.Tensor:
+    """RGB image -> Float [3, H, W] normalised as the visual network's weights expect (`pixel_format`
+    of its backbone, detector/pixels.py), as the detector saw it."""
     array = np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0
     tensor = torch.from_numpy(array).permute(2, 0, 1).contiguous()
-    mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
-    std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
-    return (tensor - mean) / std
+    return normalise_pixels(tensor, pixel_format)
 
 
 def _pad_2d(rows: list[list[int]], pad_value: int) -> torch.Tensor:
