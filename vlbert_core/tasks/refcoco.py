@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from vlbert_core.utils import get_logger
+from vlbert_core.safe_pickle import UnsafePickleError, load_pickle
 
 log = get_logger(__name__)
 
@@ -75,14 +76,15 @@ def _load_refs(path: Path) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"RefCOCO+ refs {path} do not exist")
     try:
-        with path.open("rb") as f:
-            refs = pickle.load(f)
-    except UnicodeDecodeError:
-        # the published file was pickled by Python 2; its byte strings decode as latin-1
-        with path.open("rb") as f:
-            refs = pickle.load(f, encoding="latin1")
-    except (pickle.UnpicklingError, EOFError) as exc:
-        raise ValueError(f"RefCOCO+ refs {path} cannot be unpickled: {exc}") from exc
+        try:
+            refs = load_pickle(path, encoding="ASCII")
+        except UnicodeDecodeError:
+            # the published file was pickled by Python 2; its byte strings decode as latin-1
+            refs = load_pickle(path, encoding="latin1")
+    except UnsafePickleError:
+        raise
+    except pickle.UnpicklingError as exc:
+        raise ValueError(f"RefCOCO+ refs {exc}") from exc
     if not isinstance(refs, list):
         raise ValueError(f"RefCOCO+ refs {path}: expected a list of refs, got {type(refs).__name__}")
     return refs
