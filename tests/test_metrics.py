@@ -36,6 +36,9 @@ def test_unanimous_humans_compare_the_prediction_as_written():
     assert acc("a dog", ["dog"] * 10) == 0.0
     # humans that differ only by whitespace are unanimous after the clean-up
     assert acc("Yes", ["yes"] * 9 + ["yes\n"]) == 0.0
+    # U+180E was whitespace in Python 2.7's Unicode tables: stripped there, so here too
+    assert acc("\u180eyes", ["yes"] * 10) == 1.0
+    assert vqa_lib.normalize_answer("red\u180edog") == "red dog"
     # a single human is unanimous too: 0 others -> min(1, 0/3) = 0 whatever the prediction
     assert acc("yes", ["yes"]) == 0.0
 

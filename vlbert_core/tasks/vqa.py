@@ -14,7 +14,7 @@ rule; docs/metrics.md lists each rule and where the official code has it:
 The official code is Python 2 on `unicode` text; where Python 3 would act differently the
 helpers below keep Python 2's behaviour: `\\d` in its regular expressions is ASCII only, the period
 regex's `re.UNICODE` lands in `count` (at most 32 periods go), `lower()` maps one code point at a
-time.
+time, U+180E is whitespace. (Not kept: the case mappings Unicode added after 5.2, e.g. Cherokee.)
 
 Every answer the model can write (the vocabulary) is a normalised answer that normalisation leaves
 unchanged, and a question's training target for it is its official accuracy (`soft_targets`).
@@ -111,10 +111,24 @@ def _python2_lower(text: str) -> str:
     return "".join("i" if c == "\u0130" else c.lower() for c in text)
 
 
+# Python 2.7's Unicode 5.2 tables count U+180E (Mongolian vowel separator) as whitespace; later
+# ones do not. It is the only whitespace difference, so strip() and split() add it back.
+_PYTHON2_ONLY_SPACE = "\u180e"
+_PYTHON2_WHITESPACE = "".join(c for c in map(chr, range(0x3001)) if c.isspace()) + _PYTHON2_ONLY_SPACE
+
+
+def _python2_strip(text: str) -> str:
+    return text.strip(_PYTHON2_WHITESPACE) if _PYTHON2_ONLY_SPACE in text else text.strip()
+
+
+def _python2_split(text: str) -> list[str]:
+    return text.replace(_PYTHON2_ONLY_SPACE, " ").split()
+
+
 def process_digit_article(text: str) -> str:
     """The official `processDigitArticle`: lower-case, split on whitespace, number words zero..ten
     (and "none") to digits, drop a/an/the, restore contractions ("dont" -> "don't")."""
-    words = [NUMBER_WORDS.get(w, w) for w in _python2_lower(text).split()]
+    words = [NUMBER_WORDS.get(w, w) for w in _python2_split(_python2_lower(text))]
     words = [w for w in words if w not in ARTICLES]
     return " ".join(CONTRACTIONS.get(w, w) for w in words)
 
@@ -123,7 +137,7 @@ def clean_whitespace(text: str) -> str:
     """The clean-up every answer gets: newlines and tabs become spaces, outer whitespace goes."""
     if not isinstance(text, str):
         raise TypeError(f"a VQA answer must be a string, got {type(text).__name__} {text!r}")
-    return text.replace("\n", " ").replace("\t", " ").strip()
+    return _python2_strip(text.replace("\n", " ").replace("\t", " "))
 
 
 def normalize_answer(text: str) -> str:
