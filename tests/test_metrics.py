@@ -221,10 +221,13 @@ def test_vqa_loader_keeps_annotation_order_and_refuses_indistinct_human_records(
     assert [(q.question_id, q.annotation_index) for q in items] == [(11, 1), (12, 0)]
     # without distinct answer_ids the official leave-one-out would drop all equal records at once
     data = json.loads(Path(sources["annotations"].format(split="val")).read_text())
-    for record in data["annotations"][0]["answers"]:
-        del record["answer_id"]
+    data["annotations"][0]["answers"] = [{"answer": a, "answer_confidence": "yes"}
+                                         for a in ["yes", "maybe", "no"] + OTHERS[:7]]
     (tmp_path / "a_val.json").write_text(json.dumps(data))
-    with pytest.raises(ValueError, match=r"annotation #0 \(question 12\): answers #0 and #1 agree"):
+    vqa_lib.load_vqa(tmp_path / "q_val.json", tmp_path / "a_val.json")  # ten different answers
+    data["annotations"][0]["answers"][1]["answer"] = "Yes."  # "Yes." and "yes" compare equal
+    (tmp_path / "a_val.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"annotation #0 \(question 12\): answers #0 and #1 are the same"):
         vqa_lib.load_vqa(tmp_path / "q_val.json", tmp_path / "a_val.json")
     data["annotations"][0]["answers"] = [{"answer": 2, "answer_id": 1}]
     (tmp_path / "a_val.json").write_text(json.dumps(data))

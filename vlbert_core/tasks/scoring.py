@@ -81,7 +81,8 @@ def score_refcoco(rows: list[dict], refs_path: str, instances_path: str, split: 
     predicted = refcoco_lib.check_predicted_boxes([r.get("box") for r in rows], where)
     gt = np.stack([expressions[(r["ref_id"], r["sent_id"])].gt_box for r in rows])
     value, ious = refcoco_lib.refcoco_accuracy(predicted, gt)
-    scored = [{**r, "iou": round(float(iou), 4), "correct": bool(iou >= refcoco_lib.CORRECT_IOU)} for r, iou in zip(rows, ious)]
+    scored = [{**r, "iou": round(float(iou), 4), "correct": bool(iou >= refcoco_lib.CORRECT_IOU)}
+              for r, iou in zip(rows, ious)]
     return value, scored
 
 

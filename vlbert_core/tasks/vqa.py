@@ -252,24 +252,28 @@ def _data_subtype(questions: dict, path: str | os.PathLike) -> str:
 
 
 def _check_answer_records(records: list, where: str) -> None:
-    """Each human answer is a record with a string `answer`, and no two records agree on every
-    other field.
+    """Each human answer is a record with a string `answer`, and no two records are equal as the
+    official code compares them.
 
     The official leave-one-out drops every record equal to the one left out (it compares whole
-    records), so it counts records that differ only in their answer text (no distinct
-    `answer_id`) as one human whenever normalisation makes the texts equal; such files are
-    refused rather than scored differently.
+    records, answers cleaned or normalised as for scoring), so two such records would count as
+    fewer than two humans. The released files give each record its own `answer_id`; files where
+    records coincide are refused rather than scored differently.
     """
-    seen: dict[str, int] = {}
     for k, record in enumerate(records):
         if not isinstance(record, dict) or not isinstance(record.get("answer"), str):
             raise ValueError(f"{where}: answer #{k} is {record!r}; expected a record with a "
                              "string 'answer'")
-        rest = json.dumps({key: v for key, v in record.items() if key != "answer"}, sort_keys=True)
-        if rest in seen:
-            raise ValueError(f"{where}: answers #{seen[rest]} and #{k} agree on every field but "
-                             f"'answer' ({rest}); give each human record a distinct answer_id")
-        seen[rest] = k
+    if not records:
+        return
+    _, compared = _compared_humans([r["answer"] for r in records])
+    seen: dict[str, int] = {}
+    for k, (record, answer) in enumerate(zip(records, compared)):
+        key = json.dumps({**record, "answer": answer}, sort_keys=True)
+        if key in seen:
+            raise ValueError(f"{where}: answers #{seen[key]} and #{k} are the same record once "
+                             f"compared ({key}); give each human record a distinct answer_id")
+        seen[key] = k
 
 
 def load_vqa(questions_path: str | os.PathLike,
