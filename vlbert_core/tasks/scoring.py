@@ -3,10 +3,11 @@
 Torch-free on purpose: like an evaluation server, scoring needs only the submission and the ground
 truth. Every question, expression or item of the split must be predicted exactly once; a missing or
 extra prediction is an error naming the file and the id, never a silently smaller denominator.
+The rules, and where the official code has each, are in docs/metrics.md.
 
 Eval JSON schema (the tables read exactly this):
 
-    {"task", "metric", "value" (percent), "split", "num_examples", "predictions" (path),
+    {"task", "metric", "value" (percent; VQA rounded to 2 digits as the official code reports it), "split", "num_examples", "predictions" (path),
      "setting", "schedule", "model_dir", "dataset"}
 """
 
