@@ -7,8 +7,9 @@ The rules, and where the official code has each, are in docs/metrics.md.
 
 Eval JSON schema (the tables read exactly this):
 
-    {"task", "metric", "value" (percent; VQA rounded to 2 digits as the official code reports it), "split", "num_examples", "predictions" (path),
-     "setting", "schedule", "model_dir", "dataset"}
+    {"task", "metric", "value" (percent; VQA's rounded to 2 digits as the official code
+     reports it), "split", "num_examples", "predictions" (path), "setting", "schedule",
+     "model_dir", "dataset"}
 """
 
 from __future__ import annotations
