@@ -9,6 +9,7 @@ narrow widths, 5 classes) and are computed by hand from the source tensors.
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -249,7 +250,7 @@ def test_converted_detector_proposes_and_selects_10_to_100_boxes_inside_the_imag
     torch.manual_seed(0)
     images = [torch.rand(3, 90, 120), torch.rand(3, 75, 61)]
     sizes = model.transform.min_size, model.transform.max_size
-    model.transform.min_size, model.transform.max_size = (128,), 200   # 600 / 1000 px: slow on a CPU
+    model.transform.min_size, model.transform.max_size = (64,), 100   # 600 / 1000 px: slow on a CPU
     try:
         rois = detect_rois(model, images, {"score_threshold": 0.5, "min_boxes": 10, "max_boxes": 100, "nms_iou": 0.3})
     finally:
@@ -380,3 +381,44 @@ def test_default_detector_is_unchanged_by_the_new_options():
     assert isinstance(model.roi_heads.box_roi_pool, MultiScaleRoIAlign)
     assert model.roi_heads.box_coder.weights == (10.0, 10.0, 5.0, 5.0) and model.transform.size_divisible == 32
     assert model.backbone.maxpool.padding == 1 and not hasattr(model.roi_heads, "attribute_predictor")
+
+
+# ---- the paper configs and the workflow -------------------------------------------------------------------
+
+def test_paper_configs_hold_what_the_conversion_writes():
+    """config/paper_*.yaml's detector section documents the converted checkpoint's config: they agree."""
+    import yaml
+
+    manifest = Manifest.load(MANIFESTS / MANIFEST_FILES["bua-caffe"])
+    source = {k: torch.empty(shape, device="meta") for k, shape in manifest.shapes().items()}
+    written, _ = infer_config(source, "bua-caffe", Path(manifest.file))
+    for name in ("paper_base.yaml", "paper_large.yaml"):
+        section = yaml.safe_load((REPO / "config" / name).read_text())["detector"]
+        assert {k: v for k, v in section.items() if k != "weights"} == written, name
+
+
+def test_paper_base_dry_runs_with_a_converted_detector(tmp_path):
+    """detector.weights = a converted checkpoint: the paper DAG plans RoI extraction from it."""
+    import os
+
+    from test_config import hand_obtained_inputs, load, merged
+
+    config = merged(load("paper_base.yaml"))
+    for path in hand_obtained_inputs(config):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).touch()
+    weights = tmp_path / config["detector"]["weights"]
+    write_stand_in(small_manifest("bua-caffe"), tmp_path / "bua.pth", seed=2)
+    convert_bottom_up(tmp_path / "bua.pth", weights)
+    _, meta = load_detector(weights)
+    assert meta["config"]["anchor_style"] == "caffe"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "-n",
+         "--configfile", str(REPO / "config" / "paper_base.yaml"), "--cores", "1", "results/tables/table4_ablation.csv"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "train_detector" not in proc.stdout
+    assert re.search(r"rule extract_rois:\n(\s+\w+: .*\n)*?\s+input: .*" + re.escape(config["detector"]["weights"]),
+                     proc.stdout)
