@@ -141,13 +141,14 @@ def infer_config(source: dict[str, torch.Tensor], kind: str, path: Path) -> tupl
     if kind == "bua-caffe":
         # test.prototxt + py-faster-rcnn config.py (TEST.RPN_POST_NMS_TOP_N 300, RPN_MIN_SIZE 16,
         # BBOX_NORMALIZE_TARGETS_PRECOMPUTED: the snapshot's bbox_pred predicts raw deltas).
+        # test_net: every score (thresh -inf), at most 400 detections per image.
         config.update(anchor_style="caffe", box_coding="caffe_legacy", box_reg_weights=[1.0, 1.0, 1.0, 1.0],
-                      rpn_post_nms_test=300, rpn_min_size=16)
+                      rpn_post_nms_test=300, rpn_min_size=16, box_score_thresh=0.0, box_detections_per_img=400)
     else:
         # configs/VG-Detection/faster_rcnn_R_101_C4_attr_caffemaxpool.yaml over Base-RCNN-C4.yaml and
         # detectron2's defaults (POST_NMS_TOPK_TEST 1000, ROI_BOX_HEAD.BBOX_REG_WEIGHTS 10, 10, 5, 5).
         config.update(anchor_style="detectron2", box_coding="torchvision", box_reg_weights=[10.0, 10.0, 5.0, 5.0],
-                      rpn_post_nms_test=1000)
+                      rpn_post_nms_test=1000, box_score_thresh=0.05, box_detections_per_img=100)
     return config, num_classes
 
 
