@@ -422,3 +422,27 @@ def test_paper_base_dry_runs_with_a_converted_detector(tmp_path):
     assert "train_detector" not in proc.stdout
     assert re.search(r"rule extract_rois:\n(\s+\w+: .*\n)*?\s+input: .*" + re.escape(config["detector"]["weights"]),
                      proc.stdout)
+
+
+def test_legacy_proposal_filter_clips_drops_small_sides_in_original_pixels_and_nms_with_plus_one(converted):
+    """py-faster-rcnn's proposal layer: clip to [0, W-1], drop sides (+1) < 16 px of the original image
+    (16 x im_scale in the resized one), sort, NMS with +1 areas, post-NMS top-n."""
+    _, model, _, _ = converted["bua-caffe"]
+    rpn = model.rpn
+    proposals = torch.tensor([[
+        [10.0, 10.0, 40.0, 40.0],      # 31 x 31: kept
+        [50.0, 50.0, 56.0, 75.0],      # 7 wide: below 8 = 16 x 0.5
+        [60.0, 60.0, 67.0, 70.0],      # 8 wide with the +1: kept (>= 8)
+        [-20.0, 5.0, 150.0, 30.0],     # clipped to x in [0, 99]
+        [11.0, 10.0, 41.0, 40.0],      # overlaps the first: IoU 30*31/(2*31*31-30*31) > 0.7
+    ]])
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.5, 2.5]])
+    rpn.training = False
+    rpn._image_scales = [0.5]
+    try:
+        boxes, scores = rpn.filter_proposals(proposals, logits.reshape(-1, 1), [(80, 100)], [5])
+    finally:
+        rpn._image_scales = None
+    torch.testing.assert_close(boxes[0], torch.tensor([[10.0, 10.0, 40.0, 40.0], [60.0, 60.0, 67.0, 70.0],
+                                                       [0.0, 5.0, 99.0, 30.0]]))
+    torch.testing.assert_close(scores[0], torch.sigmoid(torch.tensor([3.0, 1.0, 0.5])))
