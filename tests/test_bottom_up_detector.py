@@ -446,3 +446,15 @@ def test_legacy_proposal_filter_clips_drops_small_sides_in_original_pixels_and_n
     torch.testing.assert_close(boxes[0], torch.tensor([[10.0, 10.0, 40.0, 40.0], [60.0, 60.0, 67.0, 70.0],
                                                        [0.0, 5.0, 99.0, 30.0]]))
     torch.testing.assert_close(scores[0], torch.sigmoid(torch.tensor([3.0, 1.0, 0.5])))
+
+
+def test_predict_attributes_gives_a_distribution_per_box(converted):
+    from vlbert_core.detector.faster_rcnn import predict_attributes
+
+    _, model, _, _ = converted["bua-caffe"]
+    features = {"0": torch.randn(1, 128, 6, 8)}
+    boxes = [torch.tensor([[0.0, 0.0, 60.0, 40.0], [16.0, 8.0, 120.0, 90.0]])]
+    with torch.no_grad():
+        probs = predict_attributes(model, features, boxes, [(96, 128)])
+    assert probs.shape == (2, 4)
+    torch.testing.assert_close(probs.sum(1), torch.ones(2))

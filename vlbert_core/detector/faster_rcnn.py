@@ -32,7 +32,6 @@ there (docs/bottom-up-detector.md lists each convention and where the source has
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -389,9 +388,10 @@ def build_detector(cfg: Mapping[str, Any], num_classes: int) -> FasterRCNN:
     if box_coding == "caffe_legacy":
         rpn = model.rpn
         model.rpn = LegacyRegionProposalNetwork(
-            rpn.anchor_generator, rpn.head, 0.7, 0.3, 256, 0.5,
-            dict(training=pre_train, testing=pre_test), dict(training=post_train, testing=post_test),
-            rpn_nms_thresh, min_size_original=float(cfg.get("rpn_min_size", 0.0)))
+            rpn.anchor_generator, rpn.head, rpn.proposal_matcher.high_threshold, rpn.proposal_matcher.low_threshold,
+            rpn.fg_bg_sampler.batch_size_per_image, rpn.fg_bg_sampler.positive_fraction,
+            rpn._pre_nms_top_n, rpn._post_nms_top_n, rpn.nms_thresh,
+            min_size_original=float(cfg.get("rpn_min_size", 0.0)))
         model.rpn.box_coder = LegacyBoxCoder((1.0, 1.0, 1.0, 1.0))
         model.roi_heads.box_coder = LegacyBoxCoder(box_reg_weights)
     elif "rpn_min_size" in cfg:
@@ -410,6 +410,6 @@ def predict_attributes(model: FasterRCNN, features: Mapping[str, Tensor], boxes:
     heads = model.roi_heads
     if not hasattr(heads, "attribute_predictor"):
         raise ValueError("predict_attributes: this detector has no attribute head (detector.num_attributes)")
-    pooled = heads.box_head(heads.box_roi_pool(OrderedDict(features), boxes, image_shapes))
+    pooled = heads.box_head(heads.box_roi_pool(features, boxes, image_shapes))
     class_logits, _ = heads.box_predictor(pooled)
     return F.softmax(heads.attribute_predictor(pooled, class_logits), dim=-1)
