@@ -1,8 +1,9 @@
-"""Every command that README.md and docs/*.md show works as written.
+"""Every command that README.md, docs/*.md and the comment headers of the Snakefile, config/*.yaml and
+profiles/*/config.yaml show works as written.
 
 A command is collected from a shell code block (```bash, ```sh, ```shell, ```console or a bare ```;
-lines continued with a backslash are joined) or from an inline code span that starts with `uv run`
-or `python -m`. Lines of a shell block that are not commands (`export ...`, `D=$(mktemp -d) ...`)
+in a comment header, comment lines indented by two or more spaces; lines continued with a backslash
+are joined) or from an inline code span that starts with `uv run` or `python`. Lines of a shell block that are not commands (`export ...`, `D=$(mktemp -d) ...`)
 run before the block's commands that follow them, as they would in the user's shell. Each command
 runs under bash in a copy of the repository that holds empty stand-ins for the files a user obtains
 by hand (tests/test_config.py lists them), through `uv run` on this environment:
@@ -35,7 +36,8 @@ import pytest
 from test_config import hand_obtained_inputs, load, merged
 
 REPO = Path(__file__).resolve().parents[1]
-DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "Snakefile",
+             *sorted((REPO / "config").glob("*.yaml")), *sorted((REPO / "profiles").glob("*/config.yaml"))]
 SHELL_LANGUAGES = {"", "bash", "sh", "shell", "console"}
 FENCE = re.compile(r"^(```+|~~~+)\s*(\S*)[^\n]*\n(.*?)^\1\s*$", re.MULTILINE | re.DOTALL)
 INLINE = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)")
@@ -58,20 +60,26 @@ class Command:
         words = program_words(self.text)
         if words[:2] == ["uv", "run"]:
             words = words[2:]
-        if words and words[0] in ("python", "python3") and words[1:2] == ["-m"]:
+        if words[:2] in (["python", "-m"], ["python3", "-m"]):
             return words[2]
         return words[0] if words else ""
 
 
-def program_words(text: str) -> list[str]:
-    """The command's words after leading VAR=value assignments and `time`."""
+def without_prefixes(text: str) -> str:
+    """The command without leading VAR=value assignments and `time`."""
     while True:
-        stripped = ENV_ASSIGNMENT.sub("", text, count=1)
-        if stripped.startswith("time "):
-            stripped = stripped[len("time "):]
-        if stripped == text:
-            return shlex.split(text)
-        text = stripped
+        shorter = ENV_ASSIGNMENT.sub("", text, count=1).removeprefix("time ")
+        if shorter == text:
+            return text
+        text = shorter
+
+
+def program_words(text: str) -> list[str]:
+    return shlex.split(without_prefixes(text))
+
+
+def is_command(text: str) -> bool:
+    return bool(COMMAND_START.match(without_prefixes(text)))
 
 
 def strip_comment(line: str) -> str:
@@ -103,53 +111,72 @@ def logical_lines(block: str) -> list[tuple[int, str]]:
     return lines
 
 
-def is_command(text: str) -> bool:
-    stripped = text
-    while True:
-        shorter = ENV_ASSIGNMENT.sub("", stripped, count=1).removeprefix("time ")
-        if shorter == stripped:
-            break
-        stripped = shorter
-    return bool(COMMAND_START.match(stripped))
+def block_commands(name: str, first_line: int, block: str) -> list[Command]:
+    """The commands of a shell code block; each carries the block's other lines that precede it."""
+    found, setup = [], []
+    for offset, line in logical_lines(block):
+        line = strip_comment(line.strip().removeprefix("$ "))
+        if not line:
+            continue
+        if is_command(line):
+            found.append(Command(f"{name}:{first_line + offset}", "\n".join(setup), line))
+        else:
+            setup.append(line)
+    return found
+
+
+def inline_commands(name: str, prose: str, first_line: int) -> list[Command]:
+    found = []
+    for span in INLINE.finditer(prose):
+        code = span.group(2).strip()
+        if is_command(code) and program_words(code)[0] != "torchrun":
+            found.append(Command(f"{name}:{first_line + prose.count(chr(10), 0, span.start())}", "", code))
+    return found
+
+
+def markdown_commands(name: str, text: str) -> list[Command]:
+    found, position = [], 0
+    for fence in FENCE.finditer(text):
+        found += inline_commands(name, text[position:fence.start()], text.count("\n", 0, position) + 1)
+        position = fence.end()
+        if fence.group(2).lower() in SHELL_LANGUAGES:
+            found += block_commands(name, text.count("\n", 0, fence.start(3)) + 1, fence.group(3))
+    return found + inline_commands(name, text[position:], text.count("\n", 0, position) + 1)
+
+
+def comment_commands(name: str, text: str) -> list[Command]:
+    """Commands in the # comments of a YAML file or the Snakefile: runs of comment lines indented
+    by two or more spaces are shell blocks; the other comment lines are prose with inline code."""
+    found, block, block_start = [], [], 0
+    for number, line in enumerate(text.splitlines() + [""], start=1):
+        comment = line[1:] if line.startswith("#") else None
+        if comment is not None and comment.startswith("  ") and comment.strip():
+            block_start = block_start if block else number
+            block.append(comment)
+            continue
+        if block:
+            found += block_commands(name, block_start, "\n".join(block))
+            block = []
+        if comment is not None:
+            found += inline_commands(name, comment, number)
+    return found
 
 
 def commands_in(path: Path) -> list[Command]:
-    text = path.read_text()
     name = path.relative_to(REPO).as_posix()
-    found, prose, position = [], [], 0
-    for fence in FENCE.finditer(text):
-        prose.append((text[position:fence.start()], position))
-        position = fence.end()
-        if fence.group(2).lower() not in SHELL_LANGUAGES:
-            continue
-        first_line = text.count("\n", 0, fence.start(3)) + 1
-        setup = []
-        for offset, line in logical_lines(fence.group(3)):
-            line = strip_comment(line.removeprefix("$ ").strip())
-            if not line:
-                continue
-            if is_command(line):
-                found.append(Command(f"{name}:{first_line + offset}", "\n".join(setup), line))
-            else:
-                setup.append(line)
-    prose.append((text[position:], position))
-    for chunk, start in prose:
-        for span in INLINE.finditer(chunk):
-            code = span.group(2).strip()
-            if is_command(code) and not program_words(code)[0] == "torchrun":
-                line = text.count("\n", 0, start + span.start()) + 1
-                found.append(Command(f"{name}:{line}", "", code))
-    collected = sum(c.text.count("uv run snakemake") for c in found)
-    assert text.count("uv run snakemake") == collected, (
-        f"{name}: a `uv run snakemake` outside a shell code block or an inline code span starting with it")
+    text = path.read_text()
+    found = markdown_commands(name, text) if path.suffix == ".md" else comment_commands(name, text)
+    in_commands = sum(command.text.count("uv run snakemake") for command in found)
+    assert text.count("uv run snakemake") == in_commands, (
+        f"{name}: a `uv run snakemake` that is neither a line of a shell code block nor inline code starting with it")
     return found
 
 
 def all_commands() -> list[Command]:
-    unique: dict[tuple[str, str], Command] = {}
+    unique: dict[str, Command] = {}
     for path in DOCUMENTS:
         for command in commands_in(path):
-            unique.setdefault((command.setup, command.text), command)
+            unique.setdefault(command.text, command)  # where it first appears, with that block's setup
     return list(unique.values())
 
 
