@@ -3,8 +3,9 @@ profiles/*/config.yaml show works as written.
 
 A command is collected from a shell code block (```bash, ```sh, ```shell, ```console or a bare ```;
 in a comment header, comment lines indented by two or more spaces; lines continued with a backslash
-are joined) or from an inline code span that starts with `uv run` or `python`. Lines of a shell block that are not commands (`export ...`, `D=$(mktemp -d) ...`)
-run before the block's commands that follow them, as they would in the user's shell. Each command
+are joined) or from an inline code span that starts with `uv run` or `python`. Lines of a shell
+block that are not commands (`export ...`, `D=$(mktemp -d) ...`) run before the block's commands
+that follow them, as they would in the user's shell. Each command
 runs under bash in a copy of the repository that holds empty stand-ins for the files a user obtains
 by hand (tests/test_config.py lists them), through `uv run` on this environment:
 
@@ -15,7 +16,8 @@ by hand (tests/test_config.py lists them), through `uv run` on this environment:
   parsers (starting it would train);
 - any other program runs with `--help` appended.
 
-Inline `torchrun`/`srun` spans describe what a rule runs, with placeholders (N, P), and are not collected.
+Inline `torchrun`/`srun` spans describe what a rule runs, with placeholders (N, P), and are not
+collected.
 Every mention of `uv run snakemake` in the files must belong to a collected command, so a command
 added later is tested without touching this file.
 """
@@ -43,8 +45,9 @@ FENCE = re.compile(r"^(```+|~~~+)\s*(\S*)[^\n]*\n(.*?)^\1\s*$", re.MULTILINE | r
 INLINE = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)")
 ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=\S*\s+")
 COMMAND_START = re.compile(r"^(uv run|python3?|torchrun) \S")
-# Top-level folders a run fills; the copy needs the code and configs, not them.
-RUN_OUTPUTS = {"results", "resources", "logs", ".snakemake", ".venv", ".git", ".pytest_cache"}
+# What a run or the environment fills (as in .gitignore); the copy needs the code and configs, not them.
+RUN_OUTPUTS = {REPO: {"results", "resources", "logs", ".snakemake", ".venv", ".git", ".pytest_cache", "report.html"},
+               REPO / "benchmarks": {"rules"}}
 # An option that only works after a run, and the error Snakemake gives before one.
 NEEDS_A_FINISHED_RUN = {"--report": "marked for report but does not exist"}
 
@@ -196,7 +199,7 @@ def checkout(tmp_path_factory):
     copy = tmp_path_factory.mktemp("checkout") / "repo"
 
     def skip_run_outputs(folder, names):
-        skipped = {"__pycache__"} | (RUN_OUTPUTS if Path(folder) == REPO else set())
+        skipped = {"__pycache__"} | RUN_OUTPUTS.get(Path(folder), set())
         return [n for n in names if n in skipped]
 
     shutil.copytree(REPO, copy, ignore=skip_run_outputs)
