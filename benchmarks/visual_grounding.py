@@ -39,7 +39,7 @@ from vlbert_core.model import VLBertModel, build_input_sequence, collate_samples
 from vlbert_core.model.bert_init import load_tokenizer  # noqa: E402
 from vlbert_core.pretrain.data import StreamConfig, pair_shards_with_rois, read_held_out_captions  # noqa: E402
 from vlbert_core.pretrain.loop import (  # noqa: E402
-    build_batches, build_vlbert_config, measure_appearance_statistics, parameter_groups,
+    build_batches, build_vlbert_config, load_pretrain_checkpoint, measure_appearance_statistics, parameter_groups,
 )
 from vlbert_core.pretrain.masking import word_groups  # noqa: E402
 from vlbert_core.pretrain.objectives import VLBertForPretraining  # noqa: E402
@@ -184,7 +184,7 @@ def load_pretrained(run: Run, setting: str) -> VLBertForPretraining | None:
     path = run.root / "results" / "pretrain" / setting / "checkpoint.pt"
     if not path.is_file():
         return None
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    checkpoint = load_pretrain_checkpoint(path)
     spec = get_setting(setting)
     config = build_vlbert_config(dict(run.config["model"]), run.detector_meta, tune_frcnn=spec.tune_frcnn)
     module = VLBertForPretraining(VLBertModel(config), spec)

@@ -233,14 +233,24 @@ class RoIParquetWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        # A failure of the last flush or of the close (a full disk) must reach atomic_path as an error,
+        # or the half-written file would be renamed into place.
+        own_error: BaseException | None = None
         try:
             if exc_type is None:
                 self._flush()
                 self.metadata["status_counts"] = dict(sorted(self.status_counts.items()))
                 self._writer.add_key_value_metadata({METADATA_KEY: json.dumps(self.metadata, sort_keys=True)})
+        except BaseException as error:
+            own_error = error
+        try:
             self._writer.close()
-        finally:
-            self._atomic.__exit__(exc_type, exc, tb)
+        except BaseException as error:
+            own_error = own_error or (error if exc is None else None)
+        failure = exc if exc is not None else own_error
+        self._atomic.__exit__(type(failure) if failure else None, failure, failure.__traceback__ if failure else None)
+        if own_error is not None and exc is None:
+            raise own_error
         return False
 
     def _start_row(self, key: str, status: str, error: str) -> None:

@@ -36,6 +36,7 @@ from torch import nn
 from torchvision.models import resnet as tv_resnet
 
 from .pixels import PIXEL_FORMATS
+from ..safe_pickle import load_torch_file
 
 # Key prefixes of the body and head inside the detector's state dict (see faster_rcnn.py).
 DETECTOR_BODY_PREFIX = "backbone."
@@ -220,7 +221,7 @@ def _stage_out_channels(stage: nn.Sequential) -> int:
 
 def load_torchvision_resnet_weights(body: nn.Module, head: nn.Module, path: str | Path) -> None:
     """Load a torchvision-format ResNet state dict (conv1.*, bn1.*, layer1-4.*; fc.* ignored)."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = load_torch_file(path, "a ResNet state dict")
     if isinstance(state, dict) and "state_dict" in state:
         state = state["state_dict"]
     body_sd = {k: v for k, v in state.items() if not k.startswith(("layer4.", "fc."))}
