@@ -28,6 +28,10 @@ include: "workflow/rules/tables.smk"
 include: "workflow/rules/report.smk"
 
 
+onsuccess:
+    print_where_results_are()
+
+
 rule all:
     default_target: True
     input:

@@ -2,6 +2,8 @@
 # depends on. Keeping these in one place is what makes `params:` invalidate exactly the right jobs.
 
 import functools
+import os
+import sys
 import json
 
 from vlbert_core.fingerprint import code_fingerprint
@@ -181,3 +183,10 @@ def table3_evals():
         for track in ["refcoco_gt", "refcoco_det"]
         for split in REFCOCO_EVAL_SPLITS
     ]
+
+
+def print_where_results_are():
+    """The last lines of a successful run: the tables and the report it has written, in the working directory."""
+    written = [path for path in [*TABLES, REPORT] if os.path.exists(path)]
+    if written:
+        print("\nResults (in " + os.getcwd() + "):\n" + "\n".join(f"  {path}" for path in written), file=sys.stderr)
