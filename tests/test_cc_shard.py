@@ -271,7 +271,7 @@ def test_a_shard_with_no_image_fails_and_leaves_no_outputs(tmp_path):
     partition_cc_tsv(tsv, "val", 1, tmp_path / "rows.parquet")
     outputs = [tmp_path / "v.tar", tmp_path / "v.parquet", tmp_path / "v.stats.json"]
     with pytest.raises(RuntimeError, match="no image at all"):
-        download_cc_shard(tmp_path / "rows.parquet", "val", 0, RESIZE, DOWNLOAD, *outputs)
+        download_cc_shard(tmp_path / "rows.parquet", "val", 0, RESIZE, {**DOWNLOAD, "allow_file_urls": True}, *outputs)
     assert not any(path.exists() for path in outputs) and not list(tmp_path.glob(".tmp*"))
     with pytest.raises(ValueError, match="unknown keys"):
         download_cc_shard(tmp_path / "rows.parquet", "val", 0, RESIZE, {**DOWNLOAD, "thread": 3}, *outputs)
