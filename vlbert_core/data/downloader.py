@@ -53,7 +53,7 @@ USER_AGENT = "vlbert-pipeline/0.1 (+research reproduction)"
 HTTP_SCHEMES = ("http", "https")
 # Characters left as they are when a URL is re-quoted: URL syntax, and '%' so existing escapes survive.
 _URL_SAFE = ":/?#[]@!$&'()*+,;=%~"
-_REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
+REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # An error or redirect response's body up to this size is read and dropped so that its connection
 # can serve the next request; a longer (or unsized, or encoded) one costs a new connection instead.
@@ -169,7 +169,7 @@ class _DeadlineWatch:
     """Ends HTTP attempts that outlive their deadline.
 
     The thread running an attempt `begin`s it; the connection carrying it `bind`s its socket
-    (`_WatchedConnection.request`, once connected); a watcher thread shuts that socket down when
+    (`_StrictConnection.request`, once connected); a watcher thread shuts that socket down when
     the deadline passes, so whatever read is blocked returns at once, and `end` tells the attempt
     whether that happened. The watcher runs while attempts are pending and stops after the last.
     """
@@ -228,36 +228,39 @@ class _DeadlineWatch:
             self._watching = False
 
 
-class _WatchedConnection:
-    """Mixed into urllib3's connections: strict chunk sizes, and the socket under the deadline watch."""
+class _StrictConnection:
+    """Mixed into urllib3's connections: responses read by _Http11Response and, given a deadline
+    watch, the socket put under it for each request."""
 
-    deadline_watch: _DeadlineWatch  # set per downloader by _watched_pool_classes
+    deadline_watch: _DeadlineWatch | None = None  # set per downloader by _pool_classes
     response_class = _Http11Response
 
     def request(self, *args: Any, **kwargs: Any) -> None:
         super().request(*args, **kwargs)  # connects first when the connection is new
-        self.deadline_watch.bind(self.sock)
+        if self.deadline_watch is not None:
+            self.deadline_watch.bind(self.sock)
 
 
-def _watched_pool_classes(watch: _DeadlineWatch) -> dict[str, type]:
-    """urllib3 pool classes whose connections report to `watch` (one set per downloader)."""
+def _pool_classes(watch: _DeadlineWatch | None) -> dict[str, type]:
+    """urllib3 pool classes whose connections are _StrictConnections reporting to `watch`."""
     pools = {}
     for scheme, pool_class in (("http", urllib3.HTTPConnectionPool), ("https", urllib3.HTTPSConnectionPool)):
         connection_class = type(
-            f"Watched{pool_class.ConnectionCls.__name__}",
-            (_WatchedConnection, pool_class.ConnectionCls),
+            f"Strict{pool_class.ConnectionCls.__name__}",
+            (_StrictConnection, pool_class.ConnectionCls),
             {"deadline_watch": watch},
         )
-        pools[scheme] = type(f"Watched{pool_class.__name__}", (pool_class,), {"ConnectionCls": connection_class})
+        pools[scheme] = type(f"Strict{pool_class.__name__}", (pool_class,), {"ConnectionCls": connection_class})
     return pools
 
 
 class HttpPools:
     """urllib3 managers shared by threads: one for direct requests and one per proxy that the
     environment names (http_proxy, https_proxy; no_proxy is honoured per URL). Read once, like
-    urllib's ProxyHandler does when its opener is built. A proxy given without a scheme is http://."""
+    urllib's ProxyHandler does when its opener is built. A proxy given without a scheme is http://.
+    Their connections read chunk sizes strictly; given a `deadline_watch`, they report to it."""
 
-    def __init__(self, *, num_pools: int, maxsize: int, pool_classes: dict[str, type] | None = None):
+    def __init__(self, *, num_pools: int, maxsize: int, deadline_watch: _DeadlineWatch | None = None):
         self.ssl_context = ssl.create_default_context()  # honours SSL_CERT_FILE, like urllib
         options: dict[str, Any] = {"num_pools": num_pools, "maxsize": maxsize, "ssl_context": self.ssl_context}
         self.direct = urllib3.PoolManager(**options)
@@ -265,9 +268,9 @@ class HttpPools:
         for scheme, setting in urllib.request.getproxies().items():
             if scheme in HTTP_SCHEMES and setting:
                 self.proxied[scheme] = _proxy_manager(scheme, setting, options)
-        if pool_classes is not None:
-            for manager in (self.direct, *self.proxied.values()):
-                manager.pool_classes_by_scheme = pool_classes
+        pool_classes = _pool_classes(deadline_watch)
+        for manager in (self.direct, *self.proxied.values()):
+            manager.pool_classes_by_scheme = pool_classes
 
     def for_url(self, url: str) -> urllib3.PoolManager:
         parts = urllib.parse.urlsplit(url)
@@ -364,9 +367,7 @@ class Downloader:
         # identity: images do not compress; a server that encodes anyway is decoded (and capped).
         self._headers = {"User-Agent": user_agent, "Accept": "image/*,*/*;q=0.8", "Accept-Encoding": "identity"}
         self._watch = _DeadlineWatch()
-        self._pools = HttpPools(
-            num_pools=max(10, 2 * self.threads), maxsize=self.threads, pool_classes=_watched_pool_classes(self._watch)
-        )
+        self._pools = HttpPools(num_pools=max(10, 2 * self.threads), maxsize=self.threads, deadline_watch=self._watch)
 
     def close(self) -> None:
         """Close the idle keep-alive connections (call it when no fetch is running)."""
@@ -506,7 +507,7 @@ class Downloader:
         if 200 <= code < 300:
             return self._read_body(response)
         self._discard_body(response)
-        if code in _REDIRECT_CODES:
+        if code in REDIRECT_CODES:
             location = response.headers.get("Location", "")
             if not location:
                 return _fail(st.HTTP_ERROR, f"HTTP {code} redirect without a Location header")
