@@ -421,6 +421,7 @@ def check_output_sizes(tar: Path) -> None:
 
 def machine_notes(server_cpu: int, client_cpus: list[int]) -> str:
     import PIL
+    import urllib3
 
     model = "unknown CPU"
     try:
@@ -432,7 +433,20 @@ def machine_notes(server_cpu: int, client_cpus: list[int]) -> str:
         pass
     return (
         f"{model}, {os.cpu_count()} logical CPUs, Python {platform.python_version()}, Pillow {PIL.__version__}, "
-        f"{IMG2DATASET}; server pinned to CPU {server_cpu}, clients to CPU(s) {','.join(map(str, client_cpus))}"
+        f"urllib3 {urllib3.__version__}, {IMG2DATASET}; server pinned to CPU {server_cpu}, clients to CPU(s) {','.join(map(str, client_cpus))}"
+    )
+
+
+def overload_note(load_before: float, load_after: float, shares: dict[str, float]) -> str:
+    """A warning for the docs when other jobs held more CPUs than the machine has: then the methods'
+    images/s differ by the share of the client CPU each got, more than by their own cost."""
+    if min(load_before, load_after) <= (os.cpu_count() or 1):
+        return ""
+    got = ", ".join(f"{method} {share:.0%}" for method, share in shares.items())
+    return (
+        f"\n**This run was overloaded** (load above the {os.cpu_count()} CPUs throughout): the methods got unequal"
+        f" shares of the client CPU ({got}), so their images/s compare those shares more than the methods."
+        " Compare CPU time per image here; images/s only on a quiet machine."
     )
 
 
@@ -559,7 +573,7 @@ client CPU; medians of {len(parts)} runs), in CPU ms per image:
 
 | part | CPU ms per image | of the resize |
 |---|---|---|
-| fetch: HTTP/1.1 over loopback, {args.threads} threads, no resize | {part_ms['fetch']:.2f} | {part_ms['fetch'] / part_ms['resize']:.0%} |
+| fetch: urllib3 over loopback, {args.threads} threads, no resize | {part_ms['fetch']:.2f} | {part_ms['fetch'] / part_ms['resize']:.0%} |
 | resize_image on what was fetched (the CPU limit's work) | {part_ms['resize']:.2f} | 100% |
 | write: sha256, json and webdataset TarWriter (3 members per sample) | {part_ms['write']:.2f} | {part_ms['write'] / part_ms['resize']:.0%} |
 | the three, added | {sum(part_ms.values()):.2f} | {sum(part_ms.values()) / part_ms['resize']:.0%} |
@@ -569,9 +583,10 @@ client CPU; medians of {len(parts)} runs), in CPU ms per image:
         f"{statistics.median(fixed_cpu_s[method]):.2f} s ({method})" for method in ("ours", "img2dataset")
     )
     command = "uv run python benchmarks/download.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    shares = {method: medians[method] * cpu_medians[method] / 1e3 / len(client_cpus) for method in methods}
     rows = "\n".join(
         f"| {method} | {medians[method]:.1f} | {', '.join(f'{r:.1f}' for r in rates[method])} | "
-        f"{cpu_medians[method]:.2f} | {medians[method] * cpu_medians[method] / 1e3 / len(client_cpus):.0%} |"
+        f"{cpu_medians[method]:.2f} | {shares[method]:.0%} |"
         for method in methods
     )
     body = f"""\
@@ -610,7 +625,7 @@ pays once. The CPU limit is our `resize_image` over the same files already in me
 threads as the downloaders use.
 Machine: {machine_notes(args.server_cpu, client_cpus)}. Load average {load_before[0]:.1f} before and
 {load_after[0]:.1f} after, on {os.cpu_count()} CPUs (other jobs share this machine, hence the rotating rounds
-and medians).
+and medians).{overload_note(load_before[0], load_after[0], shares)}
 """
     print(body)
     if args.write_docs:

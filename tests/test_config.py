@@ -43,6 +43,7 @@ def merged(override: dict) -> dict:
         ({"rois": {"min_boxes": 0}}, "min_boxes"),
         ({"pretrain": {"settings": ["a", "zz"]}}, "settings"),
         ({"cc": {"resize": {"mode": "stretch"}}}, "mode"),
+        ({"cc": {"download": {"allow_file_urls": "yes"}}}, "allow_file_urls"),
         ({"unknown_section": 1}, "unknown_section"),
     ],
 )
@@ -50,6 +51,18 @@ def test_bad_value_is_rejected_with_the_key_named(override, key):
     with pytest.raises(Exception) as err:
         validate(merged(override), SCHEMA)
     assert key in str(err.value)
+
+
+def test_file_urls_are_read_only_where_the_config_says_so():
+    """The world's TSVs are file:// URLs; a real TSV must not make the downloader read local files."""
+    world = load("config.yaml")
+    del world["cc"]["download"]["allow_file_urls"]
+    validate(world, SCHEMA)
+    assert world["cc"]["download"]["allow_file_urls"] is False, "the schema's default refuses file:// URLs"
+    assert merged(load("ci.yaml"))["cc"]["download"]["allow_file_urls"] is True
+    assert load("config.yaml")["cc"]["download"]["allow_file_urls"] is True
+    for name in ("paper_base.yaml", "paper_large.yaml"):
+        assert load(name)["cc"]["download"]["allow_file_urls"] is False, name
 
 
 def test_bad_value_fails_before_any_job_runs(tmp_path):
