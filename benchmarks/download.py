@@ -49,8 +49,9 @@ import tarfile
 import time
 from pathlib import Path
 
+from docs_section import replace_section  # benchmarks/ is on sys.path when a benchmark runs as a script
+
 REPO = Path(__file__).resolve().parents[1]
-DOCS = REPO / "docs" / "benchmarks.md"
 SECTION = "## Download (Conceptual Captions images)"
 IMG2DATASET = "img2dataset==1.47.0"
 GENERATOR_VERSION = 1  # bump when the image generator changes, so cached images are remade
@@ -450,14 +451,6 @@ def overload_note(load_before: float, load_after: float, shares: dict[str, float
     )
 
 
-def write_docs(body: str) -> None:
-    text = DOCS.read_text(encoding="utf-8")
-    start = text.index(SECTION) + len(SECTION)
-    following = text.find("\n## ", start)
-    end = len(text) if following < 0 else following + 1
-    DOCS.write_text(text[:start] + "\n\n" + body.strip() + "\n\n" + text[end:].lstrip("\n"), encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command")
@@ -475,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/vlbert-bench-download"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--methods", default=",".join(METHODS), help="subset to run, comma-separated")
-    parser.add_argument("--write-docs", action="store_true", help=f"replace the {SECTION!r} section of {DOCS}")
+    parser.add_argument("--write-docs", action="store_true", help=f"replace the {SECTION!r} section of docs/benchmarks.md")
     args = parser.parse_args(argv)
 
     if args.command == "worker":
@@ -629,8 +622,7 @@ and medians).{overload_note(load_before[0], load_after[0], shares)}
 """
     print(body)
     if args.write_docs:
-        write_docs(body)
-        print(f"wrote the {SECTION!r} section of {DOCS}")
+        replace_section(SECTION, body)
     return 0
 
 

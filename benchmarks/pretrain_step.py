@@ -21,7 +21,7 @@ them alike, and reported as medians:
 
 Target (issue 5): B / C <= 1.3.
 
-    uv run python benchmarks/pretrain_step.py --threads 2 --size embedded base --write
+    uv run python benchmarks/pretrain_step.py --threads 2 --size embedded base --write-docs
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def parse_args() -> argparse.Namespace:
                              "(768 hidden, 12 layers, 12 heads, 3072)")
     parser.add_argument("--reps", type=int, default=5, help="measured rounds (each runs A B C D E F once)")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first")
-    parser.add_argument("--write", action="store_true", help=f"replace the body of '{SECTION}' in docs/benchmarks.md")
+    parser.add_argument("--write-docs", action="store_true", help=f"replace the body of '{SECTION}' in docs/benchmarks.md")
     return parser.parse_args()
 
 
@@ -302,12 +302,12 @@ def main() -> None:
         "",
         "```bash",
         f"uv run python benchmarks/pretrain_step.py --threads {args.threads} --size {' '.join(args.size)} "
-        f"--reps {args.reps} --warmup {args.warmup}" + (" --write" if args.write else ""),
+        f"--reps {args.reps} --warmup {args.warmup}" + (" --write-docs" if args.write_docs else ""),
         "```",
     ]
     report = "\n".join(lines)
     print(report)
-    if args.write:
+    if args.write_docs:
         replace_section(SECTION, report)
 
 
