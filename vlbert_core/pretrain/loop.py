@@ -30,7 +30,7 @@ from tqdm import tqdm
 from vlbert_core.detector import build_resnet_c4, load_detector
 from vlbert_core.model import VLBertConfig, VLBertModel, build_input_sequence, collate_samples, load_tokenizer
 from vlbert_core.model.bert_init import read_bert_config
-from vlbert_core.model.config import bert_fields_from_hf_config
+from vlbert_core.model.config import RELEASED_OPTION_KEYS, bert_fields_from_hf_config
 from vlbert_core.utils import atomic_path, get_logger, seed_everything
 
 from .data import (
@@ -76,6 +76,9 @@ def build_vlbert_config(model_cfg: Mapping[str, Any], detector_meta: Mapping[str
     """VLBertConfig from the config's `model:` section, the BERT checkpoint and the detector checkpoint."""
     _require(model_cfg, MODEL_KEYS, "model")
     backbone = {k: v for k, v in dict(detector_meta["config"]["backbone"]).items() if k != "init_weights"}
+    if model_cfg.get("visual_head_dilation") is not None:
+        # released: the detector's stage 5 re-used per RoI at stride 1, dilation 2 (IMAGE_C5_DILATED)
+        backbone["head_dilation"] = int(model_cfg["visual_head_dilation"])
     _, _, _, appearance_dim = build_resnet_c4(backbone)
     return VLBertConfig(
         **bert_fields_from_hf_config(read_bert_config(model_cfg["bert_path"]), int(model_cfg["num_hidden_layers"])),
@@ -86,6 +89,7 @@ def build_vlbert_config(model_cfg: Mapping[str, Any], detector_meta: Mapping[str
         visual_scale_text_init=float(model_cfg.get("visual_scale_text_init", 0.0)),
         visual_scale_object_init=float(model_cfg.get("visual_scale_object_init", 0.0)),
         standardise_appearance=bool(model_cfg.get("standardise_appearance", False)),
+        **{k: model_cfg[k] for k in RELEASED_OPTION_KEYS if model_cfg.get(k) is not None},
     )
 
 
