@@ -171,15 +171,22 @@ def check_aliases(source: dict[str, torch.Tensor], aliases: list[tuple[str, str]
                                       "registers one tensor under both names, so they must be equal")
 
 
-def build_config(source: dict[str, torch.Tensor], layout: SourceLayout, visual_backbone: dict, bert_path: str) -> VLBertConfig:
+def build_config(source: dict[str, torch.Tensor], layout: SourceLayout, visual_backbone: dict, bert_path: str,
+                 source_name: str) -> VLBertConfig:
     """Our VLBertConfig of the released model, from the checkpoint's shapes and the released config."""
     v = layout.vlbert_prefix
-    vocab, hidden = source[f"{v}word_embeddings.weight"].shape
+
+    def shape_of(key: str) -> tuple[int, ...]:
+        if key not in source:
+            raise ConversionError(f"{source_name}: {key!r} is missing; the model's sizes are read from it")
+        return tuple(source[key].shape)
+
+    vocab, hidden = shape_of(f"{v}word_embeddings.weight")
     layers = {int(m.group(1)) for k in source if (m := re.match(rf"{re.escape(v)}encoder\.layer\.(\d+)\.", k))}
     if not layers or layers != set(range(max(layers) + 1)):
-        raise ConversionError(f"encoder layers are not numbered 0..n-1: {sorted(layers)}")
-    intermediate = source[f"{v}encoder.layer.0.intermediate.dense.weight"].shape[0]
-    positions = source[f"{v}position_embeddings.weight"].shape[0]
+        raise ConversionError(f"{source_name}: encoder layers are not numbered 0..n-1: {sorted(layers)}")
+    intermediate = shape_of(f"{v}encoder.layer.0.intermediate.dense.weight")[0]
+    positions = shape_of(f"{v}position_embeddings.weight")[0]
     region_classes = source.get(VISUAL_REGION_CLASSES_KEY)
     if bert_path:
         from vlbert_core.model.bert_init import read_bert_config
@@ -241,7 +248,7 @@ def convert_vlbert_state(source: dict[str, torch.Tensor], *, source_name: str, b
         visual_reason = ""
     else:
         visual_fill, backbone, visual_reason = _visual_from_resnet(visual, visual_name, source_name)
-    config = build_config(source, layout, backbone, bert_path)
+    config = build_config(source, layout, backbone, bert_path, source_name)
 
     prefix = "" if layout.kind == "pretrained" else "vlbert."
     rules, drops, aliases = body_rules(layout, prefix)
@@ -259,6 +266,13 @@ def convert_vlbert_state(source: dict[str, torch.Tensor], *, source_name: str, b
     fill = {prefix + "embeddings.visual_feature.appearance_mean": "z-scoring off (standardise_appearance: false)",
             prefix + "embeddings.visual_feature.appearance_std": "z-scoring off (standardise_appearance: false)"}
     fill.update({prefix + k: visual_reason for k in visual_fill})
+    unused = {}
+    if layout.kind != "pretrained":
+        # fine-tuned models never mask a RoI nor see a text-only sample; these keep zeros
+        unused = {prefix + "embeddings.masked_roi_token": "pre-training only (masked RoIs); zeros, unused by the task",
+                  prefix + "embeddings.text_only_visual": "pre-training only (text-only samples); zeros, unused by "
+                                                          "the task"}
+    fill.update(unused)
     counters = {k: "BatchNorm step counter, not in the checkpoint; kept at 0 (the BatchNorm is frozen)"
                 for k in target_shapes if k.endswith(BN_COUNTER) and k not in fill}
     fill.update(counters)
@@ -269,6 +283,8 @@ def convert_vlbert_state(source: dict[str, torch.Tensor], *, source_name: str, b
             state[key] = torch.zeros((), dtype=torch.long)
     state[prefix + "embeddings.visual_feature.appearance_mean"] = torch.zeros(config.appearance_dim)
     state[prefix + "embeddings.visual_feature.appearance_std"] = torch.ones(config.appearance_dim)
+    for key in unused:
+        state[key] = torch.zeros(config.hidden_size)
     for key, value in visual_fill.items():
         state[prefix + key] = value
     return Converted(config=config, layout=layout, state=state, report=report)
