@@ -33,6 +33,12 @@ PUBLISHED_PRETRAINED = ("vl-bert-base-e2e.model", "vl-bert-large-e2e.model", "vl
                         "vl-bert-large-prec.model")
 CHECKPOINT_WRAP = ("state_dict",)
 REPORT_FILE = "conversion_report.json"
+# Top-level entries of the authors' checkpoints besides 'state_dict' (common/callbacks/epoch_end_callbacks/
+# checkpoint.py): training state, not model weights.
+OUTSIDE_REASONS = {"optimizer": "optimizer state: resumes the authors' training, not part of the model",
+                   "validation_monitor": "the authors' best-validation bookkeeping",
+                   "epoch": "training bookkeeping"}
+OUTSIDE_OTHER = "not model weights: only 'state_dict' holds the model's tensors"
 TASK_OF_KIND = {"vqa": ("vqa",), "refcoco": ("refcoco",), "vcr": ("vcr_q2a", "vcr_qa2r")}
 
 # The released VLBERT config (cfgs/*/base_*.yaml, large_*.yaml): what the checkpoint's shapes do not say.
@@ -337,7 +343,8 @@ def convert_vlbert(in_path: str | os.PathLike, out_dir: str | os.PathLike, *, be
     if out_dir.exists() and any(out_dir.iterdir()):
         raise FileExistsError(f"{out_dir} exists and is not empty; remove it or choose another directory")
     source_name = str(in_path)
-    source = read_published(in_path, CHECKPOINT_WRAP)
+    outside: list[str] = []
+    source = read_published(in_path, CHECKPOINT_WRAP, outside)
     layout = detect_layout(list(strip_module_prefix(source)), source_name)
     meta = None
     if layout.kind != "pretrained":
@@ -346,6 +353,8 @@ def convert_vlbert(in_path: str | os.PathLike, out_dir: str | os.PathLike, *, be
     visual = None if visual_weights is None else read_published(visual_weights, ())
     converted = convert_vlbert_state(source, source_name=source_name, bert_path=bert_path, visual=visual,
                                      visual_name=str(visual_weights), task_meta=meta)
+    for entry in outside:
+        converted.report.dropped[f"<checkpoint entry> {entry}"] = OUTSIDE_REASONS.get(entry, OUTSIDE_OTHER)
     tmp = out_dir.with_name(f".tmp-{os.getpid()}-{out_dir.name}")
     if tmp.exists():
         shutil.rmtree(tmp)
