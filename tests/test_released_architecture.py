@@ -110,3 +110,52 @@ def test_model_config_passes_the_released_options():
     assert plain.visual_backbone.get("head_dilation", 1) == 1
     with pytest.raises(ValueError, match="geometry_encoding"):
         tiny_config(geometry_encoding="centre")
+
+
+# ---- the pixels the visual network sees follow its backbone's pixel_format ---------------------------------
+
+CAFFE_MEANS_BGR = (102.9801, 115.9465, 122.7717)
+RGB = (255, 128, 0)
+
+
+def _expected_caffe_pixel() -> torch.Tensor:
+    bgr = torch.tensor([RGB[2], RGB[1], RGB[0]], dtype=torch.float32)
+    return bgr - torch.tensor(CAFFE_MEANS_BGR)
+
+
+def test_task_images_follow_the_pixel_format(tmp_path):
+    from PIL import Image
+
+    from vlbert_core.tasks.samples import ImageLoader
+
+    path = tmp_path / "uniform.png"
+    Image.new("RGB", (16, 12), RGB).save(path)
+    caffe, _, _, _ = ImageLoader(16, pixel_format="bgr255_caffe")(path)
+    torch.testing.assert_close(caffe[:, 5, 5], _expected_caffe_pixel(), atol=1e-3, rtol=0)
+    imagenet, _, _, _ = ImageLoader(16)(path)
+    assert imagenet[0, 5, 5] == pytest.approx((1.0 - 0.485) / 0.229, abs=1e-4)
+
+
+def test_pretraining_images_follow_the_pixel_format():
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from vlbert_core.pretrain.data import RoiEntry, decode_cc_sample
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (16, 12), RGB).save(buffer, format="PNG")
+    raw = {"png": buffer.getvalue(), "txt": b"an orange square", "__key__": "k"}
+    rois = RoiEntry(image_w=16, image_h=12, boxes=np.array([[1, 1, 8, 8]], np.float32),
+                    class_scores=np.full((1, 3), 1 / 3, np.float32))
+    sample = decode_cc_sample(raw, rois, 16, 5, pixel_format="bgr255_caffe")
+    torch.testing.assert_close(sample["image"][:, 3, 3], _expected_caffe_pixel(), atol=1e-3, rtol=0)
+
+
+def test_visual_pixel_format_is_the_backbones():
+    from vlbert_core.model.config import visual_pixel_format
+
+    assert visual_pixel_format(tiny_config()) == "rgb_imagenet"
+    assert visual_pixel_format(tiny_config(visual_backbone={**TINY_BACKBONE, "pixel_format": "bgr255_caffe"})) \
+        == "bgr255_caffe"

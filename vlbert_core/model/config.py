@@ -112,6 +112,13 @@ class VLBertConfig:
         return self.hidden_size // self.num_attention_heads
 
 
+def visual_pixel_format(config: VLBertConfig) -> str:
+    """The pixel format the visual network's weights expect (detector/pixels.py): its backbone's."""
+    from vlbert_core.detector.pixels import DEFAULT_PIXEL_FORMAT
+
+    return str(config.visual_backbone.get("pixel_format") or DEFAULT_PIXEL_FORMAT)
+
+
 def bert_fields_from_hf_config(hf_config: Mapping[str, Any], num_hidden_layers: int | None = None) -> dict:
     """The BERT part of VLBertConfig from a transformers BERT config.json dict.
 

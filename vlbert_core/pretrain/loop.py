@@ -30,7 +30,7 @@ from tqdm import tqdm
 from vlbert_core.detector import build_resnet_c4, load_detector
 from vlbert_core.model import VLBertConfig, VLBertModel, build_input_sequence, collate_samples, load_tokenizer
 from vlbert_core.model.bert_init import read_bert_config
-from vlbert_core.model.config import RELEASED_OPTION_KEYS, bert_fields_from_hf_config
+from vlbert_core.model.config import RELEASED_OPTION_KEYS, bert_fields_from_hf_config, visual_pixel_format
 from vlbert_core.utils import atomic_path, get_logger, seed_everything
 
 from .data import (
@@ -254,7 +254,8 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
     stream_cfg = StreamConfig(max_caption_len=int(pretrain_cfg["max_caption_len"]),
                               max_text_len=int(pretrain_cfg["max_text_len"]), max_rois=int(model_cfg["max_rois"]),
                               image_max_side=int(model_cfg["image_max_side"]), seed=seed,
-                              held_out_per_shard=int(pretrain_cfg["held_out_per_shard"]))
+                              held_out_per_shard=int(pretrain_cfg["held_out_per_shard"]),
+                              pixel_format=visual_pixel_format(config))
 
     if config.standardise_appearance:
         boxes = measure_appearance_statistics(model, cc_shards, roi_parquets, tokenizer, stream_cfg, dev)

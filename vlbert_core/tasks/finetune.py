@@ -27,6 +27,7 @@ from torch import nn
 from tqdm import tqdm
 
 from vlbert_core.model import VLBertConfig, VLBertModel, VLBertOutput, load_tokenizer
+from vlbert_core.model.config import visual_pixel_format
 from vlbert_core.utils import atomic_path, get_logger, seed_everything
 
 from . import TASKS
@@ -359,7 +360,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
     del pretrained
 
     tokens = Tokens(load_tokenizer(config.bert_path))
-    images = ImageLoader(int(model_cfg["image_max_side"]))
+    images = ImageLoader(int(model_cfg["image_max_side"]), pixel_format=visual_pixel_format(config))
     rois, rois_source = read_task_rois(list(rois_paths))
     max_rois, max_text_len = int(model_cfg["max_rois"]), int(hp["max_text_len"])
     meta: dict[str, Any] = {"name": task, "setting": setting, "schedule": schedule,
