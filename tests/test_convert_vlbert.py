@@ -375,3 +375,22 @@ def test_resnet_file_converts_to_backbone_init_weights(tmp_path):
     body, head, _, _ = build_resnet_c4(backbone)    # loads init_weights strictly
     assert torch.equal(head.layer4[0].conv3.weight.detach(), torch.from_numpy(arrays["layer4.0.conv3.weight"]))
     assert torch.equal(body.bn1.running_var, torch.from_numpy(arrays["bn1.running_var"]))
+
+
+def test_vcr_checkpoint_maps_pooler_scorer_and_auxiliary_classifier():
+    """VCR's VL-BERT sits inside TimeDistributed (`vlbert._module.`); its pooler feeds the 1fc scorer."""
+    from vlbert_core.tasks.finetune import FinetuneModel
+
+    manifest = cut_down(load("vcr-base"))
+    arrays = stand_in_tensors(manifest, 4)
+    arrays.update(alias_overrides(arrays))
+    source = {k: torch.from_numpy(v) for k, v in arrays.items()}
+    meta = released_task_meta("vcr_q2a", manifest)
+    converted = convert_vlbert_state(source, source_name="vcr", task_meta=meta)
+    model = FinetuneModel("vcr_q2a", VLBertModel(converted.config), meta)
+    model.load_state_dict(converted.state, strict=True)
+    assert torch.equal(model.head.pooler.weight.detach(), source["module.vlbert._module.pooler.dense.weight"])
+    assert torch.equal(model.head.score.bias.detach(), source["module.final_mlp.1.bias"])
+    assert torch.equal(model.roi_classifier.classifier.weight.detach(), source["module.cnn_loss_reg.2.weight"])
+    assert torch.equal(model.vlbert.encoder.layers[0].output.weight.detach(),
+                       source["module.vlbert._module.encoder.layer.0.output.dense.weight"])
