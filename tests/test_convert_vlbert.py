@@ -105,8 +105,10 @@ def test_full_manifest_is_accounted_for(name, task):
     assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.vocab_size) == \
         ((1024, 24, 16, 30522) if size == "large" else (768, 12, 12, 30522))
     assert config.visual_backbone["depth"] == 101 and config.visual_backbone["stride_in_1x1"]
-    # e2e: stage 5 dilated as released; prec: bottom-up attention's stride-2 detector head
-    assert config.visual_backbone["head_dilation"] == (2 if "e2e" in name or task in ("refcoco", "vcr_q2a") else 1)
+    # stage 5 dilated as released (e2e) and as in the bottom-up-attention detector (prec features)
+    assert config.visual_backbone["head_dilation"] == 2
+    prec = not ("e2e" in name or task in ("refcoco", "vcr_q2a"))
+    assert config.visual_backbone.get("stem_pool", "torchvision") == ("caffe" if prec else "torchvision")
     # every filled target key says why
     assert all(report.filled.values())
 
@@ -289,7 +291,7 @@ def test_prec_checkpoint_needs_and_takes_the_resnet():
     resnet = _small_resnet()
     converted = convert_vlbert_state(_small_source(), source_name="prec", visual=resnet, visual_name="rn")
     assert torch.equal(converted.state["visual_network.head.layer4.0.conv2.weight"], resnet["layer4.0.conv2.weight"])
-    assert converted.config.visual_backbone["head_dilation"] == 1
+    assert converted.config.visual_backbone["stem_pool"] == "caffe"
     assert "object_mask_visual_embedding.weight" in converted.report.dropped
 
 
@@ -394,3 +396,22 @@ def test_vcr_checkpoint_maps_pooler_scorer_and_auxiliary_classifier():
     assert torch.equal(model.roi_classifier.classifier.weight.detach(), source["module.cnn_loss_reg.2.weight"])
     assert torch.equal(model.vlbert.encoder.layers[0].output.weight.detach(),
                        source["module.vlbert._module.encoder.layer.0.output.dense.weight"])
+
+
+def test_bottom_up_subcommand_passes_its_options(tmp_path, monkeypatch):
+    import vlbert_core.convert.bottom_up as bottom_up
+    from vlbert_core.convert.accounting import ConversionReport
+
+    calls = []
+
+    def record(in_path, out_path, **kwargs):
+        calls.append((in_path, out_path, kwargs))
+        return ConversionReport(source=str(in_path))
+
+    monkeypatch.setattr(bottom_up, "convert_bottom_up", record)
+    out = tmp_path / "resnet101_vg_c4.pt"
+    assert main(["bottom-up", "bua.pth", str(out), "--source", "bua-caffe", "--objects-vocab", "objects_vocab.txt"]) == 0
+    (in_path, out_path, kwargs), = calls
+    assert (in_path, out_path) == ("bua.pth", str(out))
+    assert kwargs == {"source": "bua-caffe", "objects_vocab": "objects_vocab.txt", "attributes_vocab": None,
+                      "report_path": tmp_path / "resnet101_vg_c4.pt.conversion_report.json"}

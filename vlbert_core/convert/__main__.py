@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
                         description="IN: " + "; ".join(BOTTOM_UP_FILES) + ". OUT: our detector checkpoint.")
     bu.add_argument("in_path", metavar="IN")
     bu.add_argument("out_path", metavar="OUT")
+    bu.add_argument("--source", default=None, choices=["bua-caffe", "detectron2-attr"],
+                    help="the file's layout (default: .pkl files detectron2-attr, others bua-caffe)")
+    bu.add_argument("--objects-vocab", default=None, help="objects_vocab.txt: the 1,600 class names, in label order")
+    bu.add_argument("--attributes-vocab", default=None, help="attributes_vocab.txt: the 400 attribute names")
     return parser
 
 
@@ -95,8 +99,13 @@ def main(argv: list[str] | None = None) -> int:
               f"dropped, {len(report.filled)} filled ({report_path(args.out_path)}). Use it as "
               f"backbone init_weights with {RELEASED_RESNET101}")
     else:
+        from .resnet import report_path
+
         convert_bottom_up = _load_bottom_up()
-        convert_bottom_up(args.in_path, args.out_path)
+        report = convert_bottom_up(args.in_path, args.out_path, source=args.source, objects_vocab=args.objects_vocab,
+                                   attributes_vocab=args.attributes_vocab, report_path=report_path(args.out_path))
+        print(f"{args.in_path} -> {args.out_path}: {len(report.mapped)} tensors mapped, {len(report.dropped)} "
+              f"dropped, {len(report.filled)} filled ({report_path(args.out_path)})")
     return 0
 
 

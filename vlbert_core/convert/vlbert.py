@@ -8,7 +8,8 @@ Inputs (jackroos/VL-BERT, torch.save({'state_dict': <DataParallel state dict, 'm
 Every source tensor is mapped or dropped with a reason (conversion_report.json beside the weights);
 tensors the source registers twice are checked to be equal. The "prec" checkpoints and the VQA one hold no
 visual network (their RoI features were precomputed): its weights then come from `visual_weights`, the
-ResNet-101 file those features' detector backbone came from (resnet101-pt-vgbua-0000.model).
+ResNet-101 file those features' detector backbone came from (resnet101-pt-vgbua-0000.model), with that
+detector's Caffe stem pooling.
 """
 
 from __future__ import annotations
@@ -221,8 +222,9 @@ def _visual_from_resnet(visual: dict[str, torch.Tensor] | None, visual_name: str
     if "conv1.weight" not in visual:  # a file already converted with `resnet101-pt-vgbua` is read the same way
         raise ConversionError(f"{visual_name}: no 'conv1.weight': not a torchvision-layout ResNet state dict")
     state, _, backbone = convert_resnet_state(visual, source_name=visual_name)
-    # bottom-up attention's features come from its detector head: stage 5 at stride 2 (not dilated)
-    backbone = {**backbone, "head_dilation": 1}
+    # the precomputed features came from bottom-up attention's Caffe detector: its stage 5 is dilated like
+    # VL-BERT's (docs/bottom-up-detector.md), and its stem max-pools the Caffe way
+    backbone = {**backbone, "stem_pool": "caffe"}
     tensors = {("visual_network.head." if k.startswith("layer4.") else "visual_network.body.") + k: v
                for k, v in state.items()}
     return tensors, backbone, f"from {visual_name} (the checkpoint's features were precomputed)"

@@ -8,6 +8,7 @@ import numpy as np
 
 TEXT, IMG, END = 0, 1, 2  # element kinds
 SEGMENT_A, SEGMENT_B, SEGMENT_VISUAL = 0, 1, 2
+IGNORE_INDEX = -100  # label of positions without a target, for every loss (torch's cross_entropy default)
 
 
 @dataclass

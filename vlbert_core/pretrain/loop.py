@@ -41,6 +41,7 @@ from .masking import MaskingVocab
 from .objectives import VLBertForPretraining, target_counts
 from .settings import PretrainSetting, get_setting
 from .visual_clue import visual_clue_check
+from ..safe_pickle import load_torch_file
 
 log = get_logger(__name__)
 
@@ -124,7 +125,10 @@ def _gather(obj: Any, world_size: int) -> list:
 
 
 def _rng_state(device: torch.device) -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    # Plain types and tensors only, so that the checkpoint loads with weights_only=True (no pickled code).
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    numpy_state = [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached_gaussian)]
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -132,10 +136,19 @@ def _rng_state(device: torch.device) -> dict:
 
 def _set_rng_state(state: dict, device: torch.device) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, cached_gaussian = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached_gaussian))
     torch.set_rng_state(state["torch"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def load_pretrain_checkpoint(path: Path) -> dict:
+    """Our own resume checkpoint, read with weights_only=True: a doctored file cannot run code."""
+    try:
+        return load_torch_file(path, "a pre-training checkpoint")
+    except ValueError as e:
+        raise ValueError(f"{e}; delete it to start this setting from scratch") from e
 
 
 def _fingerprint(**parts: Any) -> str:
@@ -294,7 +307,7 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
     step, metrics, resumed_from = 0, [], None
     ckpt_path = out / CHECKPOINT_FILE
     if ckpt_path.is_file():
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        ckpt = load_pretrain_checkpoint(ckpt_path)
         if ckpt.get("format") == CHECKPOINT_FORMAT and ckpt.get("fingerprint") == fingerprint:
             module.model.load_state_dict(ckpt["model"])
             module.heads.load_state_dict(ckpt["heads"])

@@ -63,9 +63,12 @@ def _predict_vqa(model, data, batch_size, device, answers) -> list[dict]:
 def _predict_vcr(model, data, batch_size, device, task) -> list[dict]:
     rows = []
     for indices, out, _ in _predict(model, data, batch_size, device, f"predict {task}"):
+        # the choice is the argmax of the scores, as the authors' code takes it (softmax can tie
+        # two scores that differ)
+        choices = out["scores"].argmax(dim=1).tolist()
         probabilities = torch.softmax(out["scores"], dim=1)
-        for i, probs in zip(indices, probabilities):
-            rows.append({"annot_id": data.items[i].annot_id, "prediction": int(probs.argmax()),
+        for i, choice, probs in zip(indices, choices, probabilities):
+            rows.append({"annot_id": data.items[i].annot_id, "prediction": int(choice),
                          "probabilities": [round(float(p), 6) for p in probs]})
     return rows
 
