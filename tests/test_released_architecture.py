@@ -98,16 +98,17 @@ def test_model_config_passes_the_released_options():
                  "max_rois": 10, "image_max_side": 64, "frozen_stages": 2, "freeze_bn": True,
                  "geometry_encoding": "centre_size", "end_visual_term": False, "text_only_visual_norm": True,
                  "roi_sampling_ratio": 1, "roi_cls_layer_norm": False, "task_heads": "released",
-                 "visual_head_dilation": 2}
-    detector_meta = {"config": {"backbone": {**TINY_BACKBONE, "init_weights": None}}, "num_classes": 3}
+                 "visual_head_dilation": 2, "visual_stem_pool": "torchvision"}
+    detector_meta = {"config": {"backbone": {**TINY_BACKBONE, "init_weights": None, "stem_pool": "caffe"}},
+                     "num_classes": 3}
     config = build_vlbert_config(model_cfg, detector_meta, tune_frcnn=False)
     assert (config.geometry_encoding, config.end_visual_term, config.text_only_visual_norm, config.roi_sampling_ratio,
             config.roi_cls_layer_norm, config.task_heads) == ("centre_size", False, True, 1, False, "released")
-    assert config.visual_backbone["head_dilation"] == 2
+    assert config.visual_backbone["head_dilation"] == 2 and config.visual_backbone["stem_pool"] == "torchvision"
     plain = build_vlbert_config({k: model_cfg[k] for k in list(model_cfg)[:7]}, detector_meta, tune_frcnn=False)
     assert (plain.geometry_encoding, plain.end_visual_term, plain.roi_sampling_ratio, plain.task_heads) == \
         ("corners", True, 2, "project")
-    assert plain.visual_backbone.get("head_dilation", 1) == 1
+    assert plain.visual_backbone.get("head_dilation", 1) == 1 and plain.visual_backbone["stem_pool"] == "caffe"
     with pytest.raises(ValueError, match="geometry_encoding"):
         tiny_config(geometry_encoding="centre")
 

@@ -80,6 +80,10 @@ def build_vlbert_config(model_cfg: Mapping[str, Any], detector_meta: Mapping[str
     if model_cfg.get("visual_head_dilation") is not None:
         # released: the detector's stage 5 re-used per RoI at stride 1, dilation 2 (IMAGE_C5_DILATED)
         backbone["head_dilation"] = int(model_cfg["visual_head_dilation"])
+    if model_cfg.get("visual_stem_pool") is not None:
+        # released: VL-BERT's own ResNet pools its stem the torchvision way, though its weights are the Caffe
+        # detector's (resnet101-pt-vgbua)
+        backbone["stem_pool"] = str(model_cfg["visual_stem_pool"])
     _, _, _, appearance_dim = build_resnet_c4(backbone)
     return VLBertConfig(
         **bert_fields_from_hf_config(read_bert_config(model_cfg["bert_path"]), int(model_cfg["num_hidden_layers"])),
