@@ -360,7 +360,7 @@ def test_output_directory_is_not_overwritten(tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("x")
     with pytest.raises(FileExistsError, match="out"):
-        main(["vl-bert", str(tmp_path / "missing.model"), str(tmp_path / "out")])
+        main(["vl-bert", str(tmp_path / "missing.model"), str(tmp_path / "out"), "--bert-path", MINILM])
 
 
 # ---- resnet101-pt-vgbua ---------------------------------------------------------------------------

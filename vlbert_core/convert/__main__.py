@@ -35,9 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "checkpoint a fine-tuned model directory with its task head; conversion_report.json beside.")
     vl.add_argument("in_path", metavar="IN")
     vl.add_argument("out_dir", metavar="OUT_DIR")
-    vl.add_argument("--bert-path", default="",
+    vl.add_argument("--bert-path", required=True,
                     help="the BERT directory whose vocab.txt tokenises for this model (bert-base-uncased or "
-                         "bert-large-uncased, as model.bert_path); required for fine-tuned checkpoints")
+                         "bert-large-uncased, as model.bert_path); recorded in the model's config.json")
     vl.add_argument("--visual-weights", default=None,
                     help="resnet101-pt-vgbua-0000.model: the visual network of the '-prec' checkpoints and the "
                          "VQA one, which hold none (their RoI features were precomputed)")
