@@ -92,12 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.in_path} ({converted.layout.kind}) -> {args.out_dir}: {len(report.mapped)} tensors mapped, "
               f"{len(report.dropped)} dropped, {len(report.filled)} filled ({args.out_dir}/{REPORT_FILE})")
     elif args.command == "resnet101-pt-vgbua":
-        from .resnet import RELEASED_RESNET101, convert_resnet101, report_path
+        from .resnet import convert_resnet101, report_path
 
-        report = convert_resnet101(args.in_path, args.out_path)
+        report, backbone = convert_resnet101(args.in_path, args.out_path)
         print(f"{args.in_path} -> {args.out_path}: {len(report.mapped)} tensors mapped, {len(report.dropped)} "
               f"dropped, {len(report.filled)} filled ({report_path(args.out_path)}). Use it as "
-              f"backbone init_weights with {RELEASED_RESNET101}")
+              f"backbone init_weights with {backbone}")
     else:
         from .resnet import report_path
 

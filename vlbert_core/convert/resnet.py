@@ -70,8 +70,9 @@ def convert_resnet_state(source: dict[str, torch.Tensor], *, source_name: str) -
     return state, report, backbone
 
 
-def convert_resnet101(in_path: str | os.PathLike, out_path: str | os.PathLike) -> ConversionReport:
-    """Write `out_path` (torch.save of the state dict) and `<out_path>.conversion_report.json`."""
+def convert_resnet101(in_path: str | os.PathLike, out_path: str | os.PathLike) -> tuple[ConversionReport, dict]:
+    """Write `out_path` (torch.save of the state dict) and `<out_path>.conversion_report.json`; returns the
+    report and the backbone config the weights belong to."""
     from vlbert_core.utils import atomic_path
 
     state, report, backbone = convert_resnet_state(read_published(in_path, ()), source_name=str(in_path))
@@ -79,7 +80,7 @@ def convert_resnet101(in_path: str | os.PathLike, out_path: str | os.PathLike) -
     with atomic_path(out_path) as tmp:
         torch.save(state, tmp)
     report.write(report_path(out_path))
-    return report
+    return report, backbone
 
 
 def report_path(out_path: str | os.PathLike) -> Path:
