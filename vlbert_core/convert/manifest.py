@@ -102,9 +102,11 @@ def write_stand_in(manifest: Manifest, path: str | os.PathLike, seed: int = 0,
     return arrays
 
 
-def read_published(path: str | os.PathLike, wrap: tuple[str, ...]) -> dict[str, torch.Tensor]:
+def read_published(path: str | os.PathLike, wrap: tuple[str, ...],
+                   outside: list[str] | None = None) -> dict[str, torch.Tensor]:
     """The tensor dict of a published checkpoint, read without running code from it: torch files
-    with `weights_only=True`, pickles with the restricted unpickler. `wrap` as in the manifest."""
+    with `weights_only=True`, pickles with the restricted unpickler. `wrap` as in the manifest.
+    `outside`, if given, receives the top-level entries not on the `wrap` path (e.g. 'optimizer')."""
     from ..safe_pickle import load_pickle, load_torch_file
 
     path = Path(path)
@@ -114,6 +116,8 @@ def read_published(path: str | os.PathLike, wrap: tuple[str, ...]) -> dict[str, 
         obj = load_pickle(path)
     else:
         obj = load_torch_file(path, "a torch checkpoint")
+    if outside is not None and wrap and isinstance(obj, dict):
+        outside.extend(str(k) for k in obj if k != wrap[0])
     for key in wrap:
         if not isinstance(obj, dict) or key not in obj:
             found = sorted(obj)[:10] if isinstance(obj, dict) else type(obj).__name__

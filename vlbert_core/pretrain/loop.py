@@ -30,7 +30,7 @@ from tqdm import tqdm
 from vlbert_core.detector import build_resnet_c4, load_detector
 from vlbert_core.model import VLBertConfig, VLBertModel, build_input_sequence, collate_samples, load_tokenizer
 from vlbert_core.model.bert_init import read_bert_config
-from vlbert_core.model.config import bert_fields_from_hf_config
+from vlbert_core.model.config import RELEASED_OPTION_KEYS, bert_fields_from_hf_config, visual_pixel_format
 from vlbert_core.utils import atomic_path, get_logger, seed_everything
 
 from .data import (
@@ -77,6 +77,13 @@ def build_vlbert_config(model_cfg: Mapping[str, Any], detector_meta: Mapping[str
     """VLBertConfig from the config's `model:` section, the BERT checkpoint and the detector checkpoint."""
     _require(model_cfg, MODEL_KEYS, "model")
     backbone = {k: v for k, v in dict(detector_meta["config"]["backbone"]).items() if k != "init_weights"}
+    if model_cfg.get("visual_head_dilation") is not None:
+        # released: the detector's stage 5 re-used per RoI at stride 1, dilation 2 (IMAGE_C5_DILATED)
+        backbone["head_dilation"] = int(model_cfg["visual_head_dilation"])
+    if model_cfg.get("visual_stem_pool") is not None:
+        # released: VL-BERT's own ResNet pools its stem the torchvision way, though its weights are the Caffe
+        # detector's (resnet101-pt-vgbua)
+        backbone["stem_pool"] = str(model_cfg["visual_stem_pool"])
     _, _, _, appearance_dim = build_resnet_c4(backbone)
     return VLBertConfig(
         **bert_fields_from_hf_config(read_bert_config(model_cfg["bert_path"]), int(model_cfg["num_hidden_layers"])),
@@ -87,6 +94,7 @@ def build_vlbert_config(model_cfg: Mapping[str, Any], detector_meta: Mapping[str
         visual_scale_text_init=float(model_cfg.get("visual_scale_text_init", 0.0)),
         visual_scale_object_init=float(model_cfg.get("visual_scale_object_init", 0.0)),
         standardise_appearance=bool(model_cfg.get("standardise_appearance", False)),
+        **{k: model_cfg[k] for k in RELEASED_OPTION_KEYS if model_cfg.get(k) is not None},
     )
 
 
@@ -263,7 +271,8 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
     stream_cfg = StreamConfig(max_caption_len=int(pretrain_cfg["max_caption_len"]),
                               max_text_len=int(pretrain_cfg["max_text_len"]), max_rois=int(model_cfg["max_rois"]),
                               image_max_side=int(model_cfg["image_max_side"]), seed=seed,
-                              held_out_per_shard=int(pretrain_cfg["held_out_per_shard"]))
+                              held_out_per_shard=int(pretrain_cfg["held_out_per_shard"]),
+                              pixel_format=visual_pixel_format(config), text_only_end=config.text_only_end)
 
     if config.standardise_appearance:
         boxes = measure_appearance_statistics(model, cc_shards, roi_parquets, tokenizer, stream_cfg, dev)

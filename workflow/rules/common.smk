@@ -8,6 +8,7 @@ import json
 
 from vlbert_core.fingerprint import code_fingerprint
 from vlbert_core.pretrain.launch import Launch
+from vlbert_core.pretrain.settings import RELEASED_SETTING
 
 
 @functools.cache  # called once per job while planning; the value depends on (script, task) only
@@ -37,8 +38,12 @@ TABLE4_EVALS = {
     "vqa": "val",
     "refcoco_det": "val",
 }
-# Tables 1-3 compare "w/o pre-training" with the full model at the full schedule.
-PAPER_TABLE_SETTINGS = ["none", "full"]
+# pretrain.init_from: a converted released VL-BERT (python -m vlbert_core.convert vl-bert). When set,
+# setting `released` fine-tunes it directly (no pretrain job) and Tables 1-3 carry its row.
+INIT_FROM = config["pretrain"].get("init_from")
+# Tables 1-3 compare "w/o pre-training" with the full model (and the released one) at the full schedule.
+PAPER_TABLE_SETTINGS = ["none", "full"] + ([RELEASED_SETTING] if INIT_FROM else [])
+FINETUNE_SETTINGS = list(config["pretrain"]["settings"]) + ([RELEASED_SETTING] if INIT_FROM else [])
 VQA_SPLITS = ["train", "val"]
 REFCOCO_SPLITS = ["train", "val", "testA", "testB"]
 REFCOCO_EVAL_SPLITS = ["val", "testA", "testB"]
@@ -55,7 +60,7 @@ TABLES = expand(
 wildcard_constraints:
     shard=r"\d{5}",
     split=r"[A-Za-z0-9_]+",
-    setting="|".join(config["pretrain"]["settings"]),
+    setting="|".join(FINETUNE_SETTINGS),
     schedule="|".join(config["finetune"]["schedules"]),
     finetune_task="|".join(FINETUNE_TASKS),
     eval_task="|".join(EVAL_TASKS),
@@ -135,6 +140,13 @@ def task_rois(task, splits):
         return []
     dataset = "refcoco" if task.startswith("refcoco") else task
     return [f"results/rois/{dataset}/{split}.parquet" for split in splits]
+
+
+def pretrained_model(wildcards):
+    """The model a fine-tune starts from: our pre-training of the setting, or pretrain.init_from."""
+    if wildcards.setting == RELEASED_SETTING:
+        return f"{INIT_FROM}/model.safetensors"
+    return f"results/pretrain/{wildcards.setting}/model.safetensors"
 
 
 def finetune_predictions(task, setting, schedule):
