@@ -624,3 +624,29 @@ def test_evaluate_script_needs_no_torch():
     code = ("import sys, runpy; runpy.run_path('workflow/scripts/evaluate.py', run_name='not_main'); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+def test_finetune_starts_from_a_converted_released_model(world, tmp_path):
+    """pretrain.init_from: a released checkpoint (a cut-down stand-in of vl-bert-base-e2e.model) converted
+    by `python -m vlbert_core.convert vl-bert`, fine-tuned and used for predictions by the task code, with
+    its released heads and its BGR 0-255 Caffe pixels."""
+    from test_convert_vlbert import cut_down, load, write_released
+
+    from vlbert_core.convert.__main__ import main as convert_main
+    from vlbert_core.tasks.finetune import finetune, load_finetuned
+
+    root, sources = world
+    write_released(cut_down(load("vl-bert-base-e2e")), tmp_path / "vl-bert-base-e2e.model")
+    assert convert_main(["vl-bert", str(tmp_path / "vl-bert-base-e2e.model"), str(tmp_path / "released"),
+                         "--bert-path", SPEC]) == 0
+    meta = finetune("refcoco", tmp_path / "released", tmp_path / "ft", setting="released", schedule="full",
+                    schedule_factor=1.0, hparams={**HPARAMS, "batch_size": 4}, tune_frcnn=False,
+                    model_cfg={**MODEL_CFG, "task_heads": "released"}, sources=sources["refcoco"],
+                    rois_paths=[str(root / "rois/refcoco/train.parquet")], seed=0)
+    assert meta["setting"] == "released" and meta["total_steps"] >= 1
+    model, _ = load_finetuned(tmp_path / "ft")
+    assert model.vlbert.config.visual_backbone["pixel_format"] == "bgr255_caffe"
+    assert model.head.mlp.transform.layer_norm is None     # the released RefCOCO+ head
+    _evaluate(tmp_path / "ft", [("refcoco_det", "val")], tmp_path / "ev", sources["refcoco"],
+              [root / "rois/refcoco/val.parquet"])
+    _check_eval(tmp_path / "ev/refcoco_det/val.json", "refcoco_det", "accuracy@0.5", "val", 2)
