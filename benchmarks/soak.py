@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,56 +64,50 @@ def running_jobs(root: psutil.Process) -> dict[int, str]:
     return jobs
 
 
-def attempt(workdir: Path, config: Path, rng: random.Random, kills: Counter, want_kill: bool, log) -> dict:
-    """One Snakemake invocation; kill -9 once if `want_kill`. Returns what happened."""
+def attempt(workdir: Path, config: Path, rng: random.Random, kills: Counter, cap: int, want_kill: bool, log) -> dict:
+    """One Snakemake invocation; kill -9 once if `want_kill`, choosing a job of a rule killed fewer than
+    `cap` times (fewest first) so that the run moves on and every rule gets its kills. Returns what happened."""
     proc = subprocess.Popen(snakemake_cmd(workdir, config, "--rerun-incomplete"), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     root = psutil.Process(proc.pid)
     started = time.monotonic()
     event = {"victim": None, "rule": None, "at_s": None}
-    if want_kill:
-        kill_snakemake = rng.random() < 0.25
-        deadline = started + rng.uniform(2.0, 25.0)
-        chosen, chosen_at = None, None
-        while proc.poll() is None:
-            now = time.monotonic()
-            if kill_snakemake:
-                if now >= deadline:
-                    event.update(victim="snakemake", rule=",".join(sorted(set(running_jobs(root).values()))) or "-",
-                                 at_s=round(now - started, 1))
-                    kills["snakemake"] += 1
-                    for job in running_jobs(root).values():
-                        kills[f"{job} (with snakemake)"] += 1
-                    os_killpg(proc.pid)
-                    break
-            else:
-                jobs = running_jobs(root)
-                if chosen is None and jobs:
-                    least = min(kills[r] for r in jobs.values())
-                    candidates = sorted(pid for pid, r in jobs.items() if kills[r] == least)
-                    chosen, chosen_at = rng.choice(candidates), now + rng.uniform(0.2, 2.5)
-                if chosen is not None and now >= chosen_at:
-                    if chosen in jobs:
-                        event.update(victim="job", rule=jobs[chosen], at_s=round(now - started, 1))
-                        kills[jobs[chosen]] += 1
-                        try:
-                            psutil.Process(chosen).send_signal(signal.SIGKILL)
-                        except psutil.NoSuchProcess:
-                            event.update(victim=None, rule=None, at_s=None)
-                            kills[jobs[chosen]] -= 1
-                        break
-                    chosen = None  # it finished first; pick again
-            time.sleep(0.05)
+    kill_snakemake = rng.random() < 0.3
+    chosen, chosen_at = None, None
+    while want_kill and proc.poll() is None:
+        now = time.monotonic()
+        jobs = running_jobs(root)
+        if chosen is None:
+            eligible = {pid: r for pid, r in jobs.items() if kills[r] < cap}
+            if eligible:
+                least = min(kills[r] for r in eligible.values())
+                chosen = rng.choice(sorted(pid for pid, r in eligible.items() if kills[r] == least))
+                chosen_at = now + rng.uniform(0.2, 2.5)
+        elif now >= chosen_at:
+            if chosen not in jobs:
+                chosen = None  # it finished first; pick again
+                continue
+            rule = jobs[chosen]
+            kills[rule] += 1
+            try:
+                if kill_snakemake:
+                    event.update(victim="snakemake", rule=",".join(sorted(set(jobs.values()))))
+                    os.killpg(proc.pid, signal.SIGKILL)  # Snakemake and every job it runs, as a lost node
+                else:
+                    event.update(victim="job", rule=rule)
+                    psutil.Process(chosen).send_signal(signal.SIGKILL)
+                event["at_s"] = round(now - started, 1)
+            except (psutil.NoSuchProcess, ProcessLookupError):
+                kills[rule] -= 1
+                event.update(victim=None, rule=None)
+                chosen = None
+                continue
+            break
+        time.sleep(0.05)
     rc = proc.wait()
     event["returncode"] = rc
     event["seconds"] = round(time.monotonic() - started, 1)
     return event
-
-
-def os_killpg(pid: int) -> None:
-    import os
-
-    os.killpg(pid, signal.SIGKILL)
 
 
 def results_of(workdir: Path) -> dict[str, object]:
@@ -158,11 +154,12 @@ def main() -> None:
         subprocess.run(snakemake_cmd(reference, args.config), stdout=log, stderr=subprocess.STDOUT, check=True)
     reference_s = time.monotonic() - started
 
-    kills: Counter = Counter()
+    kills: Counter = Counter()   # per rule: kills of its jobs, alone or with Snakemake
+    cap = 1                       # raised whenever the run gets past every rule killed `cap` times
     events, killed = [], 0
     soak_started = time.monotonic()
     for _ in range(args.max_attempts):
-        event = attempt(soaked, args.config, rng, kills, want_kill=killed < args.kills, log=log)
+        event = attempt(soaked, args.config, rng, kills, cap, want_kill=killed < args.kills, log=log)
         if event["victim"] == "snakemake":
             # the README's advice after Snakemake itself was killed: remove the stale lock, then re-run
             subprocess.run(snakemake_cmd(soaked, args.config, "--unlock"), stdout=log, stderr=subprocess.STDOUT, check=True)
@@ -171,21 +168,29 @@ def main() -> None:
         events.append(event)
         print(json.dumps(event), flush=True)
         if event["victim"] is None and event["returncode"] == 0 and (soaked / TARGET).is_file():
-            break
+            if killed >= args.kills:
+                break
+            # finished before enough kills: start over from nothing, allowing one more kill per rule
+            cap += 1
+            for path in ("results", "resources", "logs", ".snakemake"):
+                shutil.rmtree(soaked / path, ignore_errors=True)
     soak_s = time.monotonic() - soak_started
 
     diffs = differences(results_of(reference), results_of(soaked))
-    job_kills = {r: n for r, n in kills.items() if r != "snakemake" and "with snakemake" not in r}
+    snakemake_kills = sum(e["victim"] == "snakemake" for e in events)
+    job_kills = Counter(e["rule"] for e in events if e["victim"] == "job")
+    with_snakemake = Counter(r for e in events if e["victim"] == "snakemake" for r in e["rule"].split(","))
     lines = [
         f"`uv run python benchmarks/soak.py --kills {args.kills} --seed {args.seed} --write-docs` "
         f"({time.strftime('%Y-%m-%d')}, config {args.config.name}, 2 cores shared with other work): "
         f"uninterrupted run {reference_s:.0f} s; soaked run {soak_s:.0f} s over {len(events)} Snakemake invocations.",
         "",
-        f"- **{killed} kills**: {kills['snakemake']} of Snakemake's whole process group (then `--unlock` and a re-run "
-        f"with `--rerun-incomplete`), {sum(job_kills.values())} of single jobs.",
+        f"- **{killed} kills**: {snakemake_kills} of Snakemake's whole process group (then `--unlock` and a re-run "
+        f"with `--rerun-incomplete`), {sum(job_kills.values())} of single jobs (then a plain re-run).",
         "- Job kills by rule: " + ", ".join(f"{r} {n}" for r, n in sorted(job_kills.items())) + ".",
-        "- Jobs running when Snakemake was killed: " + (", ".join(
-            f"{r.split(' ')[0]} {n}" for r, n in sorted(kills.items()) if "with snakemake" in r) or "none") + ".",
+        "- Rules running when Snakemake was killed: " + (", ".join(
+            f"{r} {n}" for r, n in sorted(with_snakemake.items())) or "none") + ".",
+        f"- Rules killed at least once (alone or with Snakemake): {len(set(job_kills) | set(with_snakemake))}.",
         f"- Final numbers (every `results/eval/**/*.json` value and the four tables) vs the uninterrupted run: "
         + ("**identical**." if not diffs else f"**{len(diffs)} differences**: " + "; ".join(diffs[:10])),
         "",
