@@ -39,9 +39,10 @@ sys.path.insert(0, str(REPO))
 from vlbert_core.detector import load_detector  # noqa: E402
 from vlbert_core.model import VLBertModel, build_input_sequence, collate_samples  # noqa: E402
 from vlbert_core.model.bert_init import load_tokenizer  # noqa: E402
+from vlbert_core.optim import parameter_groups  # noqa: E402
 from vlbert_core.pretrain.data import StreamConfig, pair_shards_with_rois, read_held_out_captions  # noqa: E402
 from vlbert_core.pretrain.loop import (  # noqa: E402
-    build_batches, build_vlbert_config, load_pretrain_checkpoint, measure_appearance_statistics, parameter_groups,
+    build_batches, build_vlbert_config, load_pretrain_checkpoint, measure_appearance_statistics,
 )
 from vlbert_core.pretrain.masking import word_groups  # noqa: E402
 from vlbert_core.pretrain.objectives import VLBertForPretraining  # noqa: E402
