@@ -31,7 +31,7 @@ from vlbert_core.model import VLBertConfig, VLBertModel, VLBertOutput, load_toke
 from vlbert_core.model.config import visual_pixel_format
 from vlbert_core.optim import (OptimizerSettings, build_optimizer, build_scheduler, warmup_linear_decay,
                                warmup_step_decay)
-from vlbert_core.utils import atomic_path, get_logger, seed_everything
+from vlbert_core.utils import atomic_path, get_logger, load_safetensors, save_safetensors, seed_everything
 
 from . import TASKS
 from . import vcr as vcr_lib
@@ -433,12 +433,8 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
 
 
 def save_finetuned(model: FinetuneModel, meta: Mapping[str, Any], out_dir: str | os.PathLike) -> None:
-    from safetensors.torch import save_file
-
     out_dir = Path(out_dir)
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    with atomic_path(out_dir / MODEL_FILE) as tmp:
-        save_file(state, str(tmp), metadata={"task": model.task})
+    save_safetensors(model.state_dict(), out_dir / MODEL_FILE, metadata={"task": model.task})
     payload = {"vlbert": model.vlbert.config.to_dict(), "task": dict(meta)}
     with atomic_path(out_dir / CONFIG_FILE) as tmp:
         tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
@@ -446,8 +442,6 @@ def save_finetuned(model: FinetuneModel, meta: Mapping[str, Any], out_dir: str |
 
 def load_finetuned(directory: str | os.PathLike) -> tuple[FinetuneModel, dict]:
     """(model in eval mode, task meta) of a fine-tune directory."""
-    from safetensors.torch import load_file
-
     directory = Path(directory)
     config_path, weights_path = directory / CONFIG_FILE, directory / MODEL_FILE
     for path in (config_path, weights_path):
@@ -458,7 +452,7 @@ def load_finetuned(directory: str | os.PathLike) -> tuple[FinetuneModel, dict]:
         raise ValueError(f"{config_path} is not a fine-tuned model config (needs 'vlbert' and 'task')")
     meta = payload["task"]
     model = FinetuneModel(meta["name"], VLBertModel(VLBertConfig.from_dict(payload["vlbert"])), meta)
-    missing, unexpected = model.load_state_dict(load_file(str(weights_path)), strict=False)
+    missing, unexpected = model.load_state_dict(load_safetensors(weights_path), strict=False)
     if missing or unexpected:
         raise ValueError(f"{weights_path} does not match {config_path}: missing {sorted(missing)[:8]}, "
                          f"unexpected {sorted(unexpected)[:8]}")
