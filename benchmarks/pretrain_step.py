@@ -134,8 +134,9 @@ def build_batch(cfg: dict, tokenizer, rng: np.random.Generator):
 
 def optimizer_for(module: torch.nn.Module, cfg: dict) -> torch.optim.Optimizer:
     # As in the loop: AdamW without decay on 1-d parameters, fused kernel, lr is irrelevant to timing.
-    return build_optimizer(module, OptimizerSettings("adamw", lr=1e-5, weight_decay=float(cfg["pretrain"]["weight_decay"]),
-                                                     betas=ADAM_BETAS, eps=ADAM_EPS, fused=True))
+    settings = OptimizerSettings("adamw", lr=1e-5, weight_decay=float(cfg["pretrain"]["weight_decay"]),
+                                 betas=ADAM_BETAS, eps=ADAM_EPS, fused=True)
+    return build_optimizer(module, settings)
 
 
 def make_step(module, optimizer, loss_fn, clip: float):
