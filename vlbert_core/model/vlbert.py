@@ -10,18 +10,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vlbert_core.utils import atomic_path, get_logger
+from vlbert_core.utils import atomic_path, get_logger, load_safetensors, save_safetensors
 
 from .batch import VLBertBatch
 from .bert_init import load_bert_state_dict, read_bert_config
 from .config import VLBertConfig
 from .embeddings import VLBertEmbeddings
 from .encoder import VLBertEncoder, bert_encoder_key_map
+from .initialization import INIT_STD, init_new_parameters
 from .visual import FastRCNNVisualNetwork
 
 log = get_logger(__name__)
 
-INIT_STD = 0.02  # BERT's initializer_range; used for every new parameter
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
@@ -37,20 +37,6 @@ _BERT_EMBEDDING_KEYS = {
 class VLBertOutput:
     sequence_output: torch.Tensor              # [B, L, hidden]
     roi_features: torch.Tensor | None          # [B, R, appearance_dim] (zeros for text-only samples/padding)
-
-
-def init_new_parameters(module: nn.Module, std: float = INIT_STD) -> None:
-    """BERT's scheme for parameters that do not come from a checkpoint."""
-    for m in module.modules():
-        if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, std=std)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.Embedding):
-            nn.init.normal_(m.weight, std=std)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
 
 
 class VLBertModel(nn.Module):
@@ -139,20 +125,14 @@ class VLBertModel(nn.Module):
         return model
 
     def save(self, directory: str | os.PathLike) -> None:
-        from safetensors.torch import save_file
-
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        with atomic_path(directory / MODEL_FILE) as tmp:
-            save_file(state, str(tmp))
+        save_safetensors(self.state_dict(), directory / MODEL_FILE)
         with atomic_path(directory / CONFIG_FILE) as tmp:
             tmp.write_text(json.dumps(self.config.to_dict(), indent=2, sort_keys=True) + "\n")
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> "VLBertModel":
-        from safetensors.torch import load_file
-
         directory = Path(directory)
         config_path, weights_path = directory / CONFIG_FILE, directory / MODEL_FILE
         for path in (config_path, weights_path):
@@ -163,7 +143,7 @@ class VLBertModel(nn.Module):
         except (ValueError, TypeError) as exc:
             raise ValueError(f"VLBertModel.load: {config_path}: {exc}") from exc
         model = cls(config)
-        missing, unexpected = model.load_state_dict(load_file(str(weights_path)), strict=False)
+        missing, unexpected = model.load_state_dict(load_safetensors(weights_path), strict=False)
         if missing or unexpected:
             raise ValueError(f"VLBertModel.load: {weights_path} does not match {config_path}: missing "
                              f"{sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}")

@@ -19,6 +19,7 @@ import math
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -28,7 +29,9 @@ from tqdm import tqdm
 
 from vlbert_core.model import VLBertConfig, VLBertModel, VLBertOutput, load_tokenizer
 from vlbert_core.model.config import visual_pixel_format
-from vlbert_core.utils import atomic_path, get_logger, seed_everything
+from vlbert_core.optim import (OptimizerSettings, build_optimizer, build_scheduler, warmup_linear_decay,
+                               warmup_step_decay)
+from vlbert_core.utils import atomic_path, get_logger, load_safetensors, save_safetensors, seed_everything
 
 from . import TASKS
 from . import vcr as vcr_lib
@@ -58,7 +61,6 @@ HPARAM_DEFAULTS = {"momentum": 0.9, "lr_steps": [], "warmup_steps": 0, "clip_gra
                    "weight_decay": 0.0001, "aux_roi_loss_weight": 0.5, "max_text_len": 64,
                    "max_examples": None}
 REQUIRED_HPARAMS = ("epochs", "batch_size", "lr", "optimizer")
-SGD_STEP_FACTOR = 0.1
 
 
 def resolve_hparams(task: str, hparams: Mapping[str, Any]) -> dict:
@@ -291,29 +293,19 @@ def read_task_rois(paths: list[str | os.PathLike]) -> tuple[dict, str]:
 
 # ---- optimisation --------------------------------------------------------------------------------
 
-def build_optimizer(model: nn.Module, hp: Mapping[str, Any]) -> torch.optim.Optimizer:
-    """Weight decay on weight matrices only (not on biases, LayerNorm or learned vectors)."""
-    decay, no_decay = [], []
-    for _, p in model.named_parameters():
-        if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": float(hp["weight_decay"])},
-              {"params": no_decay, "weight_decay": 0.0}]
-    # the fused kernels update the 30k x hidden word embeddings ~10x faster on CPU
-    if hp["optimizer"] == "adamw":
-        return torch.optim.AdamW(groups, lr=float(hp["lr"]), fused=True)
-    return torch.optim.SGD(groups, lr=float(hp["lr"]), momentum=float(hp["momentum"]), fused=True)
+def optimizer_settings(hp: Mapping[str, Any]) -> OptimizerSettings:
+    """Weight decay on weight matrices only; the fused kernels update the 30k x hidden word embeddings
+    ~10x faster on CPU."""
+    return OptimizerSettings(hp["optimizer"], lr=float(hp["lr"]), weight_decay=float(hp["weight_decay"]),
+                             momentum=float(hp["momentum"]), fused=True)
 
 
-def learning_rate(step: int, *, base_lr: float, warmup_steps: int, total_steps: int,
-                  optimizer: str, decay_steps: list[int]) -> float:
-    """LR of 0-based `step`: linear warm-up, then linear decay to 0 (adamw) or x0.1 at each of
-    `decay_steps` (sgd)."""
-    if step < warmup_steps:
-        return base_lr * (step + 1) / warmup_steps
-    if optimizer == "sgd":
-        return base_lr * SGD_STEP_FACTOR ** sum(1 for s in decay_steps if step >= s)
-    return base_lr * max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+def lr_schedule(hp: Mapping[str, Any], plan: Mapping[str, Any]) -> Callable[[int], float]:
+    """The lr multiplier of each step: linear warm-up, then linear decay to 0 (adamw) or x0.1 at each
+    of the plan's decay steps (sgd)."""
+    if hp["optimizer"] == "sgd":
+        return lambda s: warmup_step_decay(s, plan["warmup_steps"], plan["decay_steps"])
+    return lambda s: warmup_linear_decay(s, plan["total_steps"], plan["warmup_steps"])
 
 
 def schedule_steps(num_examples: int, hp: Mapping[str, Any], schedule_factor: float) -> dict:
@@ -388,8 +380,9 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
 
     model = FinetuneModel(task, vlbert, meta).to(device)
     model.train()
-    optimizer = build_optimizer(model, hp)
+    optimizer = build_optimizer(model, optimizer_settings(hp))
     plan = schedule_steps(len(data), hp, schedule_factor)
+    scheduler = build_scheduler(optimizer, lr_schedule(hp, plan))
     meta.update(num_train_examples=len(data), **plan)
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log.info("fine-tuning %s (setting %s, schedule %s x%.2f): %d examples, %d steps of %d, "
@@ -408,11 +401,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
             epoch, (_, batch, extras) = next(stream)
             batch = batch.to(device)
             extras = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in extras.items()}
-            lr = learning_rate(step, base_lr=float(hp["lr"]), warmup_steps=plan["warmup_steps"],
-                               total_steps=plan["total_steps"], optimizer=hp["optimizer"],
-                               decay_steps=plan["decay_steps"])
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            lr = scheduler.get_last_lr()[0]
             loss, stats = model.loss(batch, extras)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"fine-tuning {task}: loss is {float(loss)} at step {step}")
@@ -421,6 +410,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
             grad_norm = nn.utils.clip_grad_norm_(
                 [p for p in model.parameters() if p.requires_grad], float(hp["clip_grad"]))
             optimizer.step()
+            scheduler.step()
             row = {"step": step + 1, "epoch": epoch, "loss": loss.item(), "lr": lr,
                    "grad_norm": float(grad_norm), **stats,
                    "elapsed_s": round(time.perf_counter() - start, 3)}
@@ -443,12 +433,8 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
 
 
 def save_finetuned(model: FinetuneModel, meta: Mapping[str, Any], out_dir: str | os.PathLike) -> None:
-    from safetensors.torch import save_file
-
     out_dir = Path(out_dir)
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    with atomic_path(out_dir / MODEL_FILE) as tmp:
-        save_file(state, str(tmp), metadata={"task": model.task})
+    save_safetensors(model.state_dict(), out_dir / MODEL_FILE, metadata={"task": model.task})
     payload = {"vlbert": model.vlbert.config.to_dict(), "task": dict(meta)}
     with atomic_path(out_dir / CONFIG_FILE) as tmp:
         tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
@@ -456,8 +442,6 @@ def save_finetuned(model: FinetuneModel, meta: Mapping[str, Any], out_dir: str |
 
 def load_finetuned(directory: str | os.PathLike) -> tuple[FinetuneModel, dict]:
     """(model in eval mode, task meta) of a fine-tune directory."""
-    from safetensors.torch import load_file
-
     directory = Path(directory)
     config_path, weights_path = directory / CONFIG_FILE, directory / MODEL_FILE
     for path in (config_path, weights_path):
@@ -468,7 +452,7 @@ def load_finetuned(directory: str | os.PathLike) -> tuple[FinetuneModel, dict]:
         raise ValueError(f"{config_path} is not a fine-tuned model config (needs 'vlbert' and 'task')")
     meta = payload["task"]
     model = FinetuneModel(meta["name"], VLBertModel(VLBertConfig.from_dict(payload["vlbert"])), meta)
-    missing, unexpected = model.load_state_dict(load_file(str(weights_path)), strict=False)
+    missing, unexpected = model.load_state_dict(load_safetensors(weights_path), strict=False)
     if missing or unexpected:
         raise ValueError(f"{weights_path} does not match {config_path}: missing {sorted(missing)[:8]}, "
                          f"unexpected {sorted(unexpected)[:8]}")
