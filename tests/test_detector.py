@@ -25,14 +25,15 @@ from vlbert_core.detector import (
     extract_rois_to_parquet,
     load_detector,
     read_cc_shard,
-    read_rois,
     select_rois,
     train_detector,
     visual_state_dict,
 )
-from vlbert_core.detector.extract import RoIParquetWriter, decode_image, read_rois_metadata, run_detector
+from vlbert_core.detector.extract import run_detector
+from vlbert_core.detector.images import decode_image
 from vlbert_core.detector.metrics import ImageDetections, ImageGroundTruth
 from vlbert_core.detector.train import load_coco_split
+from vlbert_core.rois import RoIParquetWriter, read_rois, read_rois_metadata
 
 torch.set_num_threads(1)
 

@@ -18,7 +18,7 @@ from PIL import Image
 from test_cc_shard import DOWNLOAD as HTTP_DOWNLOAD, RESIZE
 from vlbert_core.data.cc import download_cc_shard
 from vlbert_core.data.partition import partition_cc_tsv
-from vlbert_core.detector.extract import RoIParquetWriter, read_rois
+from vlbert_core.rois import RoIParquetWriter, read_rois
 
 DOWNLOAD = {**HTTP_DOWNLOAD, "allow_file_urls": True}  # the images are local files
 

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from vlbert_core.report.inputs import LossCurves, RoiCounts, RuleTimings, ShardAccounting, status_order  # noqa: E402
+from vlbert_core.report.inputs import LossCurves, RoiCounts, RuleTimings, ShardStats, status_order  # noqa: E402
 from vlbert_core.utils import atomic_path  # noqa: E402
 
 DPI = 100
@@ -96,7 +96,7 @@ def plot_finetune_losses(curves: dict[tuple[str, str, str], LossCurves], path: s
     _save(fig, path)
 
 
-def plot_downloads(shards: list[ShardAccounting], path: str | Path) -> None:
+def plot_downloads(shards: list[ShardStats], path: str | Path) -> None:
     """A stacked bar per CC shard: rows that became images (ok) and each failure kind."""
     statuses = status_order(shards)
     fig, ax = plt.subplots(figsize=(max(6.5, 0.6 * len(shards) + 4), 3.6), layout="constrained")

@@ -42,7 +42,7 @@ def scale_boxes(boxes: np.ndarray, scale: float) -> np.ndarray:
 
 
 def rois_for_key(records: dict, key: str, source: str | os.PathLike):
-    """The usable record (from `vlbert_core.detector.extract.read_rois`) of one image, or an error
+    """The usable record (from `vlbert_core.rois.read_rois`) of one image, or an error
     naming the RoI file, the key and the problem."""
     record = records.get(key)
     if record is None:
