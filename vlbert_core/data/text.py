@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from vlbert_core.data.writer import ShardWriter, encode_json, text_key
+from vlbert_core.data.writer import TarShardWriter, encode_json, text_key
 from vlbert_core.utils import atomic_path, get_logger
 
 log = get_logger(__name__)
@@ -449,7 +449,7 @@ def shard_text_corpus(
     num_shards = len(out_tars)
     counts = {name: 0 for name in TEXT_STATUSES}
     with contextlib.ExitStack() as stack:
-        writers = [stack.enter_context(ShardWriter(path)) for path in out_tars]
+        writers = [stack.enter_context(TarShardWriter(path)) for path in out_tars]
         accounting = _AccountingWriter(stack.enter_context(atomic_path(out_accounting)))
         pool = None
         if processes > 1 and corpus == "wiki":
