@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .utils import atomic_path
+from .parquet import AtomicParquetWriter
 
 METADATA_KEY = "vlbert_rois"  # parquet key-value metadata: where the RoIs came from, row counts per status
 
@@ -62,7 +62,7 @@ SCALAR_COLUMNS = tuple(name for name in ROI_SCHEMA.names if name not in ARRAY_CO
 class RoIParquetWriter:
     """Writes RoI parquet rows (ROI_SCHEMA) row group by row group, so a shard of any size needs
     memory for one row group only. Use as a context manager: the file appears under its final name
-    when the block ends without an exception, and never half-written (utils.atomic_path).
+    when the block ends without an exception, and never half-written (parquet.AtomicParquetWriter).
 
     `metadata` (JSON-able) is stored under the parquet key-value metadata key `vlbert_rois`, with
     the per-status row counts added when the file is closed; it records where the RoIs came from.
@@ -76,8 +76,7 @@ class RoIParquetWriter:
         self.metadata = dict(metadata)
         self.status_counts: Counter[str] = Counter()
         self._keys: set[str] = set()
-        self._writer: pq.ParquetWriter | None = None
-        self._atomic = None
+        self._file: AtomicParquetWriter | None = None
         self._reset_buffer()
 
     def _reset_buffer(self) -> None:
@@ -86,31 +85,19 @@ class RoIParquetWriter:
         self._num_boxes: list[int] = []
 
     def __enter__(self) -> "RoIParquetWriter":
-        self._atomic = atomic_path(self.path)
-        tmp = self._atomic.__enter__()
-        self._writer = pq.ParquetWriter(tmp, ROI_SCHEMA)
+        self._file = AtomicParquetWriter(self.path, ROI_SCHEMA).__enter__()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        # A failure of the last flush or of the close (a full disk) must reach atomic_path as an error,
-        # or the half-written file would be renamed into place.
-        own_error: BaseException | None = None
-        try:
-            if exc_type is None:
+        if exc_type is None:
+            try:
                 self._flush()
                 self.metadata["status_counts"] = dict(sorted(self.status_counts.items()))
-                self._writer.add_key_value_metadata({METADATA_KEY: json.dumps(self.metadata, sort_keys=True)})
-        except BaseException as error:
-            own_error = error
-        try:
-            self._writer.close()
-        except BaseException as error:
-            own_error = own_error or (error if exc is None else None)
-        failure = exc if exc is not None else own_error
-        self._atomic.__exit__(type(failure) if failure else None, failure, failure.__traceback__ if failure else None)
-        if own_error is not None and exc is None:
-            raise own_error
-        return False
+                self._file.add_key_value_metadata({METADATA_KEY: json.dumps(self.metadata, sort_keys=True)})
+            except BaseException as error:
+                self._file.__exit__(type(error), error, error.__traceback__)
+                raise
+        return self._file.__exit__(exc_type, exc, tb)
 
     def _start_row(self, key: str, status: str, error: str) -> None:
         if key in self._keys:
@@ -174,7 +161,7 @@ class RoIParquetWriter:
             np.cumsum(num_boxes * width, out=offsets[1:])
             flat = np.concatenate(self._arrays[name]).astype(value_type.to_pandas_dtype(), copy=False)
             columns[name] = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(flat, value_type))
-        self._writer.write_table(pa.table(columns, schema=ROI_SCHEMA))
+        self._file.write_table(pa.table(columns, schema=ROI_SCHEMA))
         self._reset_buffer()
 
 
