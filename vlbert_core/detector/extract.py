@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import math
 import os
-import posixpath
-import tarfile
 from collections import OrderedDict
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+import webdataset as wds
 from torch.utils.data import DataLoader, Dataset
 from torchvision.ops import boxes as box_ops
 from tqdm import tqdm
+from webdataset.tariterators import base_plus_ext
 
 from ..rois import STATUS_DECODE_ERROR, STATUS_MISSING_FILE, STATUS_OK, RoIParquetWriter
 from ..utils import get_logger
@@ -235,35 +235,22 @@ def decoded_batches(samples: Sequence[tuple[str, Any]], batch_size: int,
 def read_cc_shard(tar_path: str | os.PathLike) -> Iterator[tuple[str, bytes]]:
     """Yield (key, image bytes) for each sample of a webdataset tar, in file order.
 
-    Keys follow webdataset: the member path up to the first dot of its file name. A sample without
-    an image member means a broken shard and raises.
+    The samples are webdataset's own (`tarfile_to_samples`, as pre-training reads the same shards), so
+    the RoI rows carry the keys pre-training looks up. A member whose name has no extension (webdataset
+    would drop it), a file name twice in one sample, or a sample without an image member means a
+    broken shard and raises.
     """
-    current_key: str | None = None
-    current_image: bytes | None = None
+    def check_member(name: str) -> str:
+        if base_plus_ext(name)[0] is None:
+            raise ValueError(f"{tar_path}: member {name!r} has no extension, so it belongs to no sample")
+        return name
 
-    def finish(key: str | None, image: bytes | None) -> Iterator[tuple[str, bytes]]:
-        if key is None:
-            return
-        if image is None:
-            raise ValueError(f"{tar_path}: sample {key!r} has no image member ({'/'.join(IMAGE_EXTENSIONS)})")
-        yield key, image
-
-    with tarfile.open(tar_path, "r") as tar:
-        for member in tar:
-            if not member.isfile():
-                continue
-            dirname, basename = posixpath.split(member.name)
-            stem, _, ext = basename.partition(".")
-            key = posixpath.join(dirname, stem) if dirname else stem
-            if key != current_key:
-                yield from finish(current_key, current_image)
-                current_key, current_image = key, None
-            if ext.lower() in IMAGE_EXTENSIONS:
-                handle = tar.extractfile(member)
-                if handle is None:
-                    raise ValueError(f"{tar_path}: member {member.name!r} cannot be read")
-                current_image = handle.read()
-        yield from finish(current_key, current_image)
+    pipeline = wds.DataPipeline(wds.SimpleShardList([str(tar_path)]), wds.tarfile_to_samples(rename_files=check_member))
+    for sample in pipeline:
+        image_ext = next((ext for ext in IMAGE_EXTENSIONS if ext in sample), None)
+        if image_ext is None:
+            raise ValueError(f"{tar_path}: sample {sample['__key__']!r} has no image member ({'/'.join(IMAGE_EXTENSIONS)})")
+        yield sample["__key__"], sample[image_ext]
 
 
 def extract_rois_with_detector(model_path: str | os.PathLike, samples: Iterable[tuple[str, bytes | str | os.PathLike]],
