@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from vlbert_core.data.status import OK  # noqa: E402
 from vlbert_core.report.inputs import LossCurves, RoiCounts, RuleTimings, ShardStats, status_order  # noqa: E402
 from vlbert_core.utils import atomic_path  # noqa: E402
 
@@ -104,7 +105,7 @@ def plot_downloads(shards: list[ShardStats], path: str | Path) -> None:
     bottom = np.zeros(len(shards))
     for i, status in enumerate(statuses):
         counts = np.array([shard.counts.get(status, 0) for shard in shards], dtype=float)
-        ax.bar(x, counts, bottom=bottom, label=status, color="tab:green" if status == "ok" else plt.cm.tab10(i % 10))
+        ax.bar(x, counts, bottom=bottom, label=status, color="tab:green" if status == OK else plt.cm.tab10(i % 10))
         bottom += counts
     ax.set_xticks(x, [shard.label for shard in shards], rotation=45 if len(shards) > 6 else 0, ha="right"
                   if len(shards) > 6 else "center")

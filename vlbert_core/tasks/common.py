@@ -47,7 +47,7 @@ def rois_for_key(records: dict, key: str, source: str | os.PathLike):
     record = records.get(key)
     if record is None:
         raise KeyError(f"RoI parquet {source} has no row for image key {key!r}")
-    if record.status != "ok":
+    if not record.ok:
         raise ValueError(f"RoI parquet {source}: image {key!r} has status {record.status!r} "
                          f"({record.error}); its detected RoIs are needed for this task")
     return record
