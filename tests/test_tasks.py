@@ -299,7 +299,7 @@ def _write_rois(path: Path, boxes_by_key: dict) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from vlbert_core.detector.extract import ROI_SCHEMA
+    from vlbert_core.rois import ROI_SCHEMA
 
     rows = {name: [] for name in ROI_SCHEMA.names}
     for key, boxes in boxes_by_key.items():

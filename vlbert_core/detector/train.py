@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from ..optim import OptimizerSettings, build_optimizer, build_scheduler, detectron_step_decay
 from ..utils import atomic_path, get_logger, seed_everything
-from .extract import decode_image
+from .images import decode_image
 from .faster_rcnn import build_detector
 from .metrics import ImageDetections, ImageGroundTruth, evaluate_ap50
 from ..safe_pickle import load_torch_file

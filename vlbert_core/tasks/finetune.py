@@ -283,7 +283,7 @@ def read_task_rois(paths: list[str | os.PathLike]) -> tuple[dict, str]:
     """All records of the given task RoI parquets, merged by image key."""
     if not paths:
         return {}, ""
-    from vlbert_core.detector.extract import read_rois
+    from vlbert_core.rois import read_rois
 
     merged: dict = {}
     for path in paths:
