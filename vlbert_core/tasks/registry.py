@@ -36,6 +36,11 @@ def _names(cls: type[Task]) -> tuple[str, ...]:
     return (cls.name, *cls.eval_task_names(), *cls.derived_eval_tasks)
 
 
+def registered_tasks() -> list[type[Task]]:
+    """The registered task classes, in registration order."""
+    return list(_TASKS.values())
+
+
 def task_names() -> list[str]:
     """The registered fine-tune task names, in registration order."""
     return list(_TASKS)
