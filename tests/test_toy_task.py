@@ -171,3 +171,23 @@ def test_unknown_task_names_list_the_registered_ones(toy_task):
 
     with pytest.raises(ValueError, match=r"names \['vqa'\] are already registered"):
         registry.register(Clash)
+
+
+def test_config_validation_asks_the_registry(toy_task):
+    import yaml
+    from snakemake.utils import validate
+
+    repo = Path(__file__).resolve().parents[1]
+    config = yaml.safe_load((repo / "config" / "config.yaml").read_text())
+    validate(config, str(repo / "config" / "schema.yaml"))
+    config["sources"]["toy"] = {"pairs": "pairs_{split}.jsonl", "images": "images"}
+    with pytest.raises(ValueError, match=r"no section for the registered tasks \['toy_caption_match'\]"):
+        registry.check_finetune_config(config["finetune"], config["sources"])
+    config["finetune"]["toy_caption_match"] = dict(config["finetune"]["refcoco"])
+    registry.check_finetune_config(config["finetune"], config["sources"])
+    config["finetune"]["gqa"] = dict(config["finetune"]["refcoco"])
+    with pytest.raises(ValueError, match=r"unknown tasks \['gqa'\]; registered tasks: .*'vqa'.*'toy_caption_match'"):
+        registry.check_finetune_config(config["finetune"], config["sources"])
+    del config["finetune"]["gqa"], config["finetune"]["vqa"]["num_answers"]
+    with pytest.raises(ValueError, match=r"finetune.vqa lacks keys \['num_answers'\]"):
+        registry.check_finetune_config(config["finetune"], config["sources"])

@@ -59,6 +59,10 @@ class Task:
     def log_training_data(self, data, meta: Mapping[str, Any]) -> None:
         """A last word on the training data, after training."""
 
+    def roi_image_paths(self, split: str, sources: Mapping[str, str]) -> dict[str, Path]:
+        """{image key: image path} of the split's images that need detected RoIs (`roi_dataset`)."""
+        raise NotImplementedError(f"task {self.name} reads no detected RoIs")
+
     # ---- model -----------------------------------------------------------------------------------
 
     def build_heads(self, config, meta: Mapping[str, Any]):

@@ -271,6 +271,9 @@ class RefcocoTask(Task):
                  for track in tracks]
         return parts[0] if len(parts) == 1 else ConcatData(parts)
 
+    def roi_image_paths(self, split, sources):
+        return refcoco_image_paths(sources["refs"], sources["instances"], sources["images"], split)
+
     def build_heads(self, config, meta):
         RefCOCOHead = model_side("heads.refcoco", "RefCOCOHead")
 

@@ -7,6 +7,8 @@ registered ones. Torch-free (the task modules import torch only where their meth
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from .base import Task
 from .refcoco import RefcocoTask
 from .vcr import VcrQ2ATask, VcrQA2RTask
@@ -69,6 +71,53 @@ def task_of_eval(eval_task: str) -> Task:
 def task_of_name(name: str) -> Task:
     """The task a fine-tune or eval task name belongs to."""
     return get_task(name) if name in _TASKS else task_of_eval(name)
+
+
+def task_datasets() -> list[str]:
+    """The datasets (keys under `sources:`) of the registered tasks, in registration order."""
+    return list(dict.fromkeys(cls.dataset for cls in _TASKS.values()))
+
+
+def roi_datasets() -> list[str]:
+    """The datasets whose images get detected RoIs for a registered task."""
+    return list(dict.fromkeys(cls.roi_dataset for cls in _TASKS.values() if cls.roi_dataset))
+
+
+def task_of_roi_dataset(dataset: str) -> Task:
+    """The (first) registered task that reads the detected RoIs of `dataset`."""
+    for cls in _TASKS.values():
+        if cls.roi_dataset == dataset:
+            return cls()
+    raise ValueError(f"no registered task reads detected RoIs of dataset {dataset!r}; "
+                     f"those that do: {roi_datasets()}")
+
+
+def dataset_splits(dataset: str) -> list[str]:
+    """The splits of `dataset` its registered tasks read: the training split, then the eval splits."""
+    splits = [s for cls in _TASKS.values() if cls.dataset == dataset for s in (cls.train_split, *cls.eval_splits)]
+    if not splits:
+        raise ValueError(f"no registered task reads dataset {dataset!r}; registered datasets: {task_datasets()}")
+    return list(dict.fromkeys(splits))
+
+
+FINETUNE_OPTIONS = ("schedules", "tune_frcnn")  # the keys of `finetune:` that are not tasks
+
+
+def check_finetune_config(finetune: Mapping[str, Any], sources: Mapping[str, Any]) -> None:
+    """The config's `finetune:` section names registered tasks only, has a section for each, with the
+    task's own required keys, and `sources:` has each task's dataset. Run right after the schema."""
+    unknown = [key for key in finetune if key not in FINETUNE_OPTIONS and key not in _TASKS]
+    if unknown:
+        raise ValueError(f"config finetune: unknown tasks {unknown}; registered tasks: {task_names()}")
+    missing = [name for name in _TASKS if name not in finetune]
+    if missing:
+        raise ValueError(f"config finetune: no section for the registered tasks {missing}")
+    for cls in _TASKS.values():
+        lacking = [key for key in cls.required_hparams if key not in finetune[cls.name]]
+        if lacking:
+            raise ValueError(f"config finetune.{cls.name} lacks keys {lacking}")
+        if cls.dataset not in sources:
+            raise ValueError(f"config sources: task {cls.name} needs sources.{cls.dataset}")
 
 
 for _builtin in (VcrQ2ATask, VcrQA2RTask, VqaTask, RefcocoTask):

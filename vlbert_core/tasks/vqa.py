@@ -455,6 +455,9 @@ class VqaTask(Task):
                        rois_source, tokens, meta.get("answers"), max_rois=max_rois,
                        max_text_len=max_text_len, images=images)
 
+    def roi_image_paths(self, split, sources):
+        return vqa_image_paths(split_path(sources["questions"], split), split_path(sources["images"], split))
+
     def build_heads(self, config, meta):
         VQAHead = model_side("heads.vqa", "VQAHead")
 
