@@ -64,29 +64,13 @@ def resolve_hparams(task: str, hparams: Mapping[str, Any]) -> dict:
 FEATURE_CACHE_MB = 1024  # bound of the frozen RoI-feature cache (LRU), per process
 
 
-def encode_with_features(vlbert: VLBertModel, batch, roi_features: torch.Tensor) -> VLBertOutput:
-    """The part of VLBertModel.forward after the visual network, given the RoI features."""
-    embedded = vlbert.embeddings(batch.input_ids, batch.element_kind, batch.segment_ids,
-                                 batch.position_ids, batch.roi_index, batch.has_image, batch.boxes,
-                                 roi_features, batch.roi_masked)
-    return VLBertOutput(sequence_output=vlbert.encoder(embedded, batch.attention_mask),
-                        roi_features=roi_features)
-
-
 def forward_shared_images(vlbert: VLBertModel, batch, group: int) -> VLBertOutput:
     """VL-BERT forward where each run of `group` consecutive rows shares one image and its boxes.
 
     The visual network runs once per image and its RoI features are repeated for the rows of
     the group (the four VCR candidates), instead of running the CNN four times.
     """
-    if group == 1:
-        return vlbert(batch)
-    if batch.batch_size % group:
-        raise ValueError(f"batch of {batch.batch_size} rows is not made of groups of {group}")
-    masked = None if batch.roi_masked is None else batch.roi_masked[::group]
-    features = vlbert.visual_network(batch.images[::group], batch.boxes[::group],
-                                     batch.box_valid[::group], masked)
-    return encode_with_features(vlbert, batch, features.repeat_interleave(group, dim=0))
+    return vlbert.encode(batch, rows_per_image=group)
 
 
 class FrozenRoIFeatureCache:
@@ -174,7 +158,7 @@ class FinetuneModel(nn.Module):
         """VL-BERT outputs; the frozen visual network's features come from the cache."""
         if self.feature_cache is not None and extras is not None and "image_keys" in extras:
             features = self.feature_cache.features(batch, extras["image_keys"])
-            return encode_with_features(self.vlbert, batch, features)
+            return self.vlbert.encode(batch, roi_features=features)
         return forward_shared_images(self.vlbert, batch, self.task.rows_per_image)
 
     def scores(self, batch, extras: Mapping[str, Any] | None = None) -> dict[str, torch.Tensor]:
