@@ -15,7 +15,7 @@ import pytest
 from test_tasks import BOXES, IMAGE_H, IMAGE_W, MODEL_CFG, SPEC, _scene
 
 from vlbert_core.tasks import registry
-from vlbert_core.tasks.base import Task, check_prediction_ids, split_path
+from vlbert_core.tasks.base import Task, TaskHeads, TaskLoss, check_prediction_ids, split_path
 
 CAPTIONS = ["a red thing on the left", "two boxes and a ball", "nothing but sky"]
 
@@ -72,7 +72,7 @@ class CaptionMatchTask(Task):
     def build_heads(self, config, meta):
         from torch import nn
 
-        return nn.Linear(config.hidden_size, 1), None
+        return TaskHeads(nn.Linear(config.hidden_size, 1))
 
     def scores(self, model, output, batch):
         return {"logits": model.head(output.sequence_output[:, 0]).squeeze(-1)}
@@ -82,7 +82,7 @@ class CaptionMatchTask(Task):
 
         loss = F.binary_cross_entropy_with_logits(out["logits"], extras["match"])
         accuracy = ((out["logits"] > 0).float() == extras["match"]).float().mean()
-        return loss, {"accuracy": accuracy.item()}
+        return TaskLoss(loss, {"accuracy": accuracy.item()})
 
     def prediction_rows(self, model, data, indices, out, extras, meta, eval_task):
         return [{"pair_id": data.pairs[i]["pair_id"], "match": bool(logit > 0)}

@@ -10,9 +10,26 @@ task module without torch; the task methods that need torch import it where they
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from importlib import import_module
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
+
+
+@dataclass
+class TaskHeads:
+    """The modules a task puts on top of VL-BERT; saved under `head.` and `roi_classifier.`."""
+
+    head: Any  # nn.Module
+    roi_classifier: Any = None  # nn.Module of an auxiliary RoI loss, or None
+
+
+@dataclass
+class TaskLoss:
+    """The loss of one training batch and the statistics logged beside it in metrics.jsonl."""
+
+    loss: Any  # scalar tensor
+    stats: dict[str, float] = field(default_factory=dict)
 
 
 class Task:
@@ -65,17 +82,16 @@ class Task:
 
     # ---- model -----------------------------------------------------------------------------------
 
-    def build_heads(self, config, meta: Mapping[str, Any]):
-        """(head, roi_classifier or None): the modules on top of VL-BERT, saved under `head.` and
-        `roi_classifier.`."""
+    def build_heads(self, config, meta: Mapping[str, Any]) -> TaskHeads:
+        """The modules on top of VL-BERT for this task (a `VLBertConfig` and the task meta)."""
         raise NotImplementedError
 
     def scores(self, model, output, batch) -> dict:
         """The head outputs of a batch, by name; `model` is the `FinetuneModel`."""
         return {"logits": model.head(output, batch)}
 
-    def loss(self, model, out: dict, extras: Mapping[str, Any], meta: Mapping[str, Any]):
-        """(loss tensor, {statistic: float}) of one training batch."""
+    def loss(self, model, out: dict, extras: Mapping[str, Any], meta: Mapping[str, Any]) -> TaskLoss:
+        """The loss of one training batch, from the head outputs `out` (`scores`) and the targets."""
         raise NotImplementedError
 
     def prediction_rows(self, model, data, indices: list[int], out: dict, extras: Mapping[str, Any],

@@ -152,7 +152,8 @@ class FinetuneModel(nn.Module):
         # plain attribute, not a submodule: the cache holds no parameters of its own
         self.feature_cache = (None if cfg.tune_frcnn
                               else FrozenRoIFeatureCache(vlbert.visual_network, cfg.appearance_dim))
-        self.head, self.roi_classifier = self.task.build_heads(cfg, meta)
+        heads = self.task.build_heads(cfg, meta)
+        self.head, self.roi_classifier = heads.head, heads.roi_classifier
 
     def encode(self, batch, extras: Mapping[str, Any] | None = None) -> VLBertOutput:
         """VL-BERT outputs; the frozen visual network's features come from the cache."""
@@ -165,7 +166,9 @@ class FinetuneModel(nn.Module):
         return self.task.scores(self, self.encode(batch, extras), batch)
 
     def loss(self, batch, extras: Mapping[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
-        return self.task.loss(self, self.scores(batch, extras), extras, self.meta)
+        """(loss, statistics) of one training batch."""
+        result = self.task.loss(self, self.scores(batch, extras), extras, self.meta)
+        return result.loss, result.stats
 
 
 # ---- data ----------------------------------------------------------------------------------------

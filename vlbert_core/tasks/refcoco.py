@@ -21,7 +21,7 @@ import numpy as np
 from vlbert_core.utils import get_logger
 from vlbert_core.safe_pickle import UnsafePickleError, load_pickle
 
-from .base import Task, check_prediction_ids, model_side
+from .base import Task, TaskHeads, TaskLoss, check_prediction_ids, model_side
 
 log = get_logger(__name__)
 
@@ -277,7 +277,7 @@ class RefcocoTask(Task):
     def build_heads(self, config, meta):
         RefCOCOHead = model_side("heads.refcoco", "RefCOCOHead")
 
-        return RefCOCOHead(config.hidden_size, config.hidden_dropout_prob, layout=config.task_heads), None
+        return TaskHeads(RefCOCOHead(config.hidden_size, config.hidden_dropout_prob, layout=config.task_heads))
 
     def loss(self, model, out, extras, meta):
         RefCOCOHead = model_side("heads.refcoco", "RefCOCOHead")
@@ -285,7 +285,7 @@ class RefcocoTask(Task):
         loss = RefCOCOHead.loss(out["logits"], extras["labels"], extras["candidate"])
         chosen = RefCOCOHead.predict(out["logits"], extras["candidate"])
         hit = extras["labels"].gather(1, chosen[:, None]).mean()
-        return loss, {"chosen_positive": hit.item()}
+        return TaskLoss(loss, {"chosen_positive": hit.item()})
 
     def prediction_rows(self, model, data, indices, out, extras, meta, eval_task):
         rows = []

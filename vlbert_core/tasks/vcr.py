@@ -22,7 +22,7 @@ import numpy as np
 
 from vlbert_core.utils import get_logger
 
-from .base import Task, check_prediction_ids, model_side, split_path
+from .base import Task, TaskHeads, TaskLoss, check_prediction_ids, model_side, split_path
 
 log = get_logger(__name__)
 
@@ -383,8 +383,8 @@ class VcrTask(Task):
         VCRRoIClassifier = model_side("heads.vcr", "VCRRoIClassifier")
 
         dropout, layout = config.hidden_dropout_prob, config.task_heads
-        return (VCRHead(config.hidden_size, dropout, layout=layout),
-                VCRRoIClassifier(config.hidden_size, len(meta["object_names"]), dropout, layout=layout))
+        return TaskHeads(VCRHead(config.hidden_size, dropout, layout=layout),
+                         VCRRoIClassifier(config.hidden_size, len(meta["object_names"]), dropout, layout=layout))
 
     def scores(self, model, output, batch):
         result = {"scores": model.head(output, batch, NUM_CANDIDATES)}
@@ -399,9 +399,9 @@ class VcrTask(Task):
         answer_loss = VCRHead.loss(out["scores"], extras["label"])
         roi_loss = VCRRoIClassifier.loss(out["roi_logits"], extras["box_classes"])
         accuracy = (out["scores"].argmax(dim=1) == extras["label"]).float().mean()
-        return (answer_loss + float(meta["aux_roi_loss_weight"]) * roi_loss,
-                {"answer_loss": answer_loss.item(), "roi_cls_loss": roi_loss.item(),
-                 "accuracy": accuracy.item()})
+        return TaskLoss(answer_loss + float(meta["aux_roi_loss_weight"]) * roi_loss,
+                        {"answer_loss": answer_loss.item(), "roi_cls_loss": roi_loss.item(),
+                         "accuracy": accuracy.item()})
 
     def prediction_rows(self, model, data, indices, out, extras, meta, eval_task):
         import torch

@@ -33,7 +33,7 @@ from typing import Sequence
 
 from vlbert_core.utils import get_logger
 
-from .base import Task, check_prediction_ids, model_side, split_path
+from .base import Task, TaskHeads, TaskLoss, check_prediction_ids, model_side, split_path
 
 log = get_logger(__name__)
 
@@ -461,14 +461,14 @@ class VqaTask(Task):
     def build_heads(self, config, meta):
         VQAHead = model_side("heads.vqa", "VQAHead")
 
-        return VQAHead(config.hidden_size, len(meta["answers"]), meta["mask_id"], config.hidden_dropout_prob,
-                       config.layer_norm_eps, layout=config.task_heads), None
+        return TaskHeads(VQAHead(config.hidden_size, len(meta["answers"]), meta["mask_id"],
+                                 config.hidden_dropout_prob, config.layer_norm_eps, layout=config.task_heads))
 
     def loss(self, model, out, extras, meta):
         loss = model.head.loss(out["logits"], extras["target"])
         best = out["logits"].argmax(dim=1)
         score = extras["target"].gather(1, best[:, None]).mean()
-        return loss, {"vqa_score": score.item()}
+        return TaskLoss(loss, {"vqa_score": score.item()})
 
     def prediction_rows(self, model, data, indices, out, extras, meta, eval_task):
         rows = []
