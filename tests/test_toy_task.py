@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_tasks import BOXES, IMAGE_H, IMAGE_W, MODEL_CFG, SPEC, _scene
+from test_tasks import BOXES, MODEL_CFG, _scene, save_tiny_pretrained
 
 from vlbert_core.tasks import registry
 from vlbert_core.tasks.base import Task, TaskHeads, TaskLoss, check_prediction_ids, split_path
@@ -105,12 +105,6 @@ def toy_task():
 @pytest.fixture(scope="module")
 def toy_world(tmp_path_factory):
     """Two images per split, each with a matching and a non-matching caption; a tiny pre-trained model."""
-    import torch
-
-    from vlbert_core.model import VLBertConfig, VLBertModel
-    from vlbert_core.model.bert_init import read_bert_config
-    from vlbert_core.model.config import bert_fields_from_hf_config
-
     root = tmp_path_factory.mktemp("toy")
     sources = {"pairs": str(root / "pairs_{split}.jsonl"), "images": str(root / "images")}
     for split, first in (("train", 0), ("val", 10)):
@@ -122,12 +116,7 @@ def toy_world(tmp_path_factory):
                 lines.append(json.dumps({"pair_id": f"{split}-{i}-{j}", "image": image,
                                          "caption": CAPTIONS[j], "match": match}))
         Path(sources["pairs"].format(split=split)).write_text("\n".join(lines) + "\n")
-    torch.manual_seed(0)
-    config = VLBertConfig(**bert_fields_from_hf_config(read_bert_config(SPEC), 1),
-                          visual_backbone={"stage_widths": [8, 8, 16, 16], "blocks_per_stage": [1, 1, 1, 1],
-                                           "block": "basic"},
-                          appearance_dim=16, geometry_dim=16, num_object_classes=3, bert_path=SPEC)
-    VLBertModel.from_bert(config, None).save(root / "pretrained")
+    save_tiny_pretrained(root / "pretrained")
     return root, sources
 
 
