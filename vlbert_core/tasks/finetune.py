@@ -173,17 +173,6 @@ class FinetuneModel(nn.Module):
 
 # ---- data ----------------------------------------------------------------------------------------
 
-def build_task_data(task: str, split: str, meta: Mapping[str, Any], *, sources: Mapping[str, str],
-                    tokens: Tokens, images: ImageLoader, max_rois: int, max_text_len: int,
-                    rois: dict | None, rois_source: str, eval_task: str | None = None,
-                    max_examples: int | None = None):
-    """The samples of one task and split: the training samples, or those `eval_task` predicts."""
-    return get_task(task).build_data(split, meta, sources=sources, tokens=tokens, images=images,
-                                     max_rois=max_rois, max_text_len=max_text_len, rois=rois,
-                                     rois_source=rois_source, eval_task=eval_task,
-                                     max_examples=max_examples)
-
-
 def read_task_rois(paths: list[str | os.PathLike]) -> tuple[dict, str]:
     """All records of the given task RoI parquets, merged by image key."""
     if not paths:
