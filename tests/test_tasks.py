@@ -380,21 +380,27 @@ def world(tmp_path_factory):
     for split, keys in det.items():
         _write_rois(root / f"rois/refcoco/{split}.parquet", keys)
 
-    # a tiny pre-trained model: 1 BERT layer, a narrow visual network
+    import torch
+
+    torch.set_num_threads(1)
+    save_tiny_pretrained(root / "pretrained")
+    return root, sources
+
+
+def save_tiny_pretrained(directory: Path) -> None:
+    """A tiny pre-trained model: 1 BERT layer, a narrow visual network (seeded)."""
     import torch
 
     from vlbert_core.model import VLBertConfig, VLBertModel
     from vlbert_core.model.bert_init import read_bert_config
     from vlbert_core.model.config import bert_fields_from_hf_config
 
-    torch.set_num_threads(1)
     torch.manual_seed(0)
     config = VLBertConfig(**bert_fields_from_hf_config(read_bert_config(SPEC), 1),
                           visual_backbone={"stage_widths": [8, 8, 16, 16], "blocks_per_stage": [1, 1, 1, 1],
                                            "block": "basic"},
                           appearance_dim=16, geometry_dim=16, num_object_classes=3, bert_path=SPEC)
-    VLBertModel.from_bert(config, None).save(root / "pretrained")
-    return root, sources
+    VLBertModel.from_bert(config, None).save(directory)
 
 
 HPARAMS = {"epochs": 1, "batch_size": 2, "lr": 1e-3, "optimizer": "adamw", "warmup_steps": 1,

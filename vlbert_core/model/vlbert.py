@@ -53,9 +53,20 @@ class VLBertModel(nn.Module):
     def word_embeddings(self) -> nn.Embedding:
         return self.embeddings.word_embeddings
 
-    def visual_features(self, batch: VLBertBatch) -> torch.Tensor | None:
+    def visual_features(self, batch: VLBertBatch, rows_per_image: int = 1) -> torch.Tensor | None:
         """The visual network's RoI features [B, R, appearance_dim] (zeros for text-only samples), or None
-        when the batch has no image."""
+        when the batch has no image.
+
+        `rows_per_image` > 1: each run of that many consecutive rows shares one image and its boxes (the
+        four VCR candidates); the network runs once per image and its features repeat over the run.
+        """
+        if rows_per_image > 1:
+            if batch.batch_size % rows_per_image:
+                raise ValueError(f"batch of {batch.batch_size} rows is not made of groups of {rows_per_image}")
+            masked = None if batch.roi_masked is None else batch.roi_masked[::rows_per_image]
+            features = self.visual_network(batch.images[::rows_per_image], batch.boxes[::rows_per_image],
+                                           batch.box_valid[::rows_per_image], masked)
+            return features.repeat_interleave(rows_per_image, dim=0)
         roi_features = None
         if batch.images is not None and bool(batch.has_image.any()):
             if bool(batch.has_image.all()):
@@ -69,18 +80,26 @@ class VLBertModel(nn.Module):
                 roi_features = roi_features.index_copy(0, idx, features)
         return roi_features
 
-    def forward(self, batch: VLBertBatch, roi_features: torch.Tensor | None = None) -> VLBertOutput:
-        """`roi_features`, if given, replaces the visual network's output (`visual_features(batch)`, computed
-        with the batch's RoI masking), e.g. to reuse one image's features for several sequences. A training
-        step may bypass only a frozen visual network: its output then depends on nothing that trains."""
+    def encode(self, batch: VLBertBatch, roi_features: torch.Tensor | None = None,
+               rows_per_image: int = 1) -> VLBertOutput:
+        """The sequence outputs of a batch: what the pre-training and fine-tuning heads read.
+
+        `roi_features`, if given, replaces the visual network's output (`visual_features(batch,
+        rows_per_image)`, computed with the batch's RoI masking), e.g. features of a frozen visual network
+        computed once per image. A training step may bypass only a frozen visual network: its output then
+        depends on nothing that trains."""
         if roi_features is None:
-            roi_features = self.visual_features(batch)
+            roi_features = self.visual_features(batch, rows_per_image)
         elif self.visual_network.tune and torch.is_grad_enabled():
-            raise ValueError("VLBertModel.forward: precomputed roi_features would bypass the tuned visual network "
+            raise ValueError("VLBertModel.encode: precomputed roi_features would bypass the tuned visual network "
                              "(tune_frcnn) in a step that computes gradients")
         embedded = self.embeddings(batch.input_ids, batch.element_kind, batch.segment_ids, batch.position_ids,
                                    batch.roi_index, batch.has_image, batch.boxes, roi_features, batch.roi_masked)
         return VLBertOutput(sequence_output=self.encoder(embedded, batch.attention_mask), roi_features=roi_features)
+
+    def forward(self, batch: VLBertBatch, roi_features: torch.Tensor | None = None,
+                rows_per_image: int = 1) -> VLBertOutput:
+        return self.encode(batch, roi_features, rows_per_image)
 
     # ---- initialisation, saving and loading -------------------------------------------------------
 

@@ -33,27 +33,13 @@ from vlbert_core.optim import (OptimizerSettings, build_optimizer, build_schedul
                                warmup_step_decay)
 from vlbert_core.utils import atomic_path, get_logger, load_safetensors, save_safetensors, seed_everything
 
-from . import TASKS
-from . import vcr as vcr_lib
-from .heads.refcoco import RefCOCOHead
-from .heads.vcr import VCRHead, VCRRoIClassifier
-from .heads.vqa import VQAHead
-from .refcoco import load_refcoco
-from .samples import (
-    ConcatData,
-    ImageLoader,
-    RefcocoSamples,
-    Tokens,
-    VcrData,
-    VqaData,
-    iterate_batches,
-)
-from .vqa import build_answer_vocab, load_vqa
+from . import heads  # noqa: F401  (the task heads: see tasks.base.model_side)
+from .base import Task
+from .registry import get_task
+from .samples import ImageLoader, Tokens, iterate_batches
 
 log = get_logger(__name__)
 
-FINETUNE_TASKS = TASKS
-TRAIN_SPLIT = "train"
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 # Defaults of the optional hyper-parameters; config/schema.yaml fills the same values.
@@ -64,9 +50,8 @@ REQUIRED_HPARAMS = ("epochs", "batch_size", "lr", "optimizer")
 
 
 def resolve_hparams(task: str, hparams: Mapping[str, Any]) -> dict:
-    missing = [k for k in REQUIRED_HPARAMS if k not in hparams]
-    if task == "vqa" and "num_answers" not in hparams:
-        missing.append("num_answers")
+    required = (*REQUIRED_HPARAMS, *get_task(task).required_hparams)
+    missing = [k for k in required if k not in hparams]
     if missing:
         raise KeyError(f"finetune.{task} lacks keys {missing}")
     resolved = {**HPARAM_DEFAULTS, **dict(hparams)}
@@ -76,22 +61,9 @@ def resolve_hparams(task: str, hparams: Mapping[str, Any]) -> dict:
     return resolved
 
 
-def vcr_mode(task: str) -> str:
-    return {"vcr_q2a": "q2a", "vcr_qa2r": "qa2r"}[task]
-
-
 # ---- the model: VL-BERT + task head --------------------------------------------------------------
 
 FEATURE_CACHE_MB = 1024  # bound of the frozen RoI-feature cache (LRU), per process
-
-
-def encode_with_features(vlbert: VLBertModel, batch, roi_features: torch.Tensor) -> VLBertOutput:
-    """The part of VLBertModel.forward after the visual network, given the RoI features."""
-    embedded = vlbert.embeddings(batch.input_ids, batch.element_kind, batch.segment_ids,
-                                 batch.position_ids, batch.roi_index, batch.has_image, batch.boxes,
-                                 roi_features, batch.roi_masked)
-    return VLBertOutput(sequence_output=vlbert.encoder(embedded, batch.attention_mask),
-                        roi_features=roi_features)
 
 
 def forward_shared_images(vlbert: VLBertModel, batch, group: int) -> VLBertOutput:
@@ -100,14 +72,7 @@ def forward_shared_images(vlbert: VLBertModel, batch, group: int) -> VLBertOutpu
     The visual network runs once per image and its RoI features are repeated for the rows of
     the group (the four VCR candidates), instead of running the CNN four times.
     """
-    if group == 1:
-        return vlbert(batch)
-    if batch.batch_size % group:
-        raise ValueError(f"batch of {batch.batch_size} rows is not made of groups of {group}")
-    masked = None if batch.roi_masked is None else batch.roi_masked[::group]
-    features = vlbert.visual_network(batch.images[::group], batch.boxes[::group],
-                                     batch.box_valid[::group], masked)
-    return encode_with_features(vlbert, batch, features.repeat_interleave(group, dim=0))
+    return vlbert.encode(batch, rows_per_image=group)
 
 
 class FrozenRoIFeatureCache:
@@ -182,102 +147,33 @@ class FinetuneModel(nn.Module):
 
     def __init__(self, task: str, vlbert: VLBertModel, meta: Mapping[str, Any]):
         super().__init__()
-        if task not in FINETUNE_TASKS:
-            raise ValueError(f"unknown fine-tuning task {task!r} (expected one of {FINETUNE_TASKS})")
-        self.task = task
+        self.task: Task = get_task(task)
+        self.meta = dict(meta)
         self.vlbert = vlbert
         cfg = vlbert.config
         # plain attribute, not a submodule: the cache holds no parameters of its own
         self.feature_cache = (None if cfg.tune_frcnn
                               else FrozenRoIFeatureCache(vlbert.visual_network, cfg.appearance_dim))
-        dropout = cfg.hidden_dropout_prob
-        self.roi_classifier = None
-        layout = cfg.task_heads
-        if task == "vqa":
-            self.head = VQAHead(cfg.hidden_size, len(meta["answers"]), meta["mask_id"], dropout,
-                                cfg.layer_norm_eps, layout=layout)
-        elif task.startswith("vcr"):
-            self.head = VCRHead(cfg.hidden_size, dropout, layout=layout)
-            self.roi_classifier = VCRRoIClassifier(cfg.hidden_size, len(meta["object_names"]), dropout,
-                                                   layout=layout)
-            self.aux_weight = float(meta["aux_roi_loss_weight"])
-        else:
-            self.head = RefCOCOHead(cfg.hidden_size, dropout, layout=layout)
+        heads = self.task.build_heads(cfg, meta)
+        self.head, self.roi_classifier = heads.head, heads.roi_classifier
 
     def encode(self, batch, extras: Mapping[str, Any] | None = None) -> VLBertOutput:
         """VL-BERT outputs; the frozen visual network's features come from the cache."""
         if self.feature_cache is not None and extras is not None and "image_keys" in extras:
             features = self.feature_cache.features(batch, extras["image_keys"])
-            return encode_with_features(self.vlbert, batch, features)
-        group = vcr_lib.NUM_CANDIDATES if self.task.startswith("vcr") else 1
-        return forward_shared_images(self.vlbert, batch, group)
+            return self.vlbert.encode(batch, roi_features=features)
+        return forward_shared_images(self.vlbert, batch, self.task.rows_per_image)
 
     def scores(self, batch, extras: Mapping[str, Any] | None = None) -> dict[str, torch.Tensor]:
-        output = self.encode(batch, extras)
-        if self.task.startswith("vcr"):
-            result = {"scores": self.head(output, batch, vcr_lib.NUM_CANDIDATES)}
-            if self.training:
-                result["roi_logits"] = self.roi_classifier(output, batch)
-            return result
-        return {"logits": self.head(output, batch)}
+        return self.task.scores(self, self.encode(batch, extras), batch)
 
     def loss(self, batch, extras: Mapping[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
-        out = self.scores(batch, extras)
-        if self.task == "vqa":
-            loss = self.head.loss(out["logits"], extras["target"])
-            best = out["logits"].argmax(dim=1)
-            score = extras["target"].gather(1, best[:, None]).mean()
-            return loss, {"vqa_score": score.item()}
-        if self.task.startswith("vcr"):
-            answer_loss = VCRHead.loss(out["scores"], extras["label"])
-            roi_loss = VCRRoIClassifier.loss(out["roi_logits"], extras["box_classes"])
-            accuracy = (out["scores"].argmax(dim=1) == extras["label"]).float().mean()
-            return (answer_loss + self.aux_weight * roi_loss,
-                    {"answer_loss": answer_loss.item(), "roi_cls_loss": roi_loss.item(),
-                     "accuracy": accuracy.item()})
-        loss = RefCOCOHead.loss(out["logits"], extras["labels"], extras["candidate"])
-        chosen = RefCOCOHead.predict(out["logits"], extras["candidate"])
-        hit = extras["labels"].gather(1, chosen[:, None]).mean()
-        return loss, {"chosen_positive": hit.item()}
+        """(loss, statistics) of one training batch."""
+        result = self.task.loss(self, self.scores(batch, extras), extras, self.meta)
+        return result.loss, result.stats
 
 
 # ---- data ----------------------------------------------------------------------------------------
-
-def _split_path(template: str, split: str) -> str:
-    return str(template).format(split=split)
-
-
-def build_task_data(task: str, split: str, *, sources: Mapping[str, str], tokens: Tokens,
-                    images: ImageLoader, max_rois: int, max_text_len: int, rois: dict | None,
-                    rois_source: str, answers: list[str] | None = None,
-                    object_names: list[str] | None = None, tracks: tuple[str, ...] = ("gt", "det"),
-                    max_examples: int | None = None, with_targets: bool = True):
-    """The `*Data` of one task and split (for RefCOCO+: one per track, concatenated)."""
-    if task == "vqa":
-        questions = load_vqa(_split_path(sources["questions"], split),
-                             _split_path(sources["annotations"], split) if with_targets else None)
-        questions = questions[:max_examples] if max_examples else questions
-        images_dir = Path(_split_path(sources["images"], split))
-        return VqaData([(q, images_dir / f"{q.image_key}.jpg") for q in questions], rois or {},
-                       rois_source, tokens, answers if with_targets else None,
-                       max_rois=max_rois, max_text_len=max_text_len, images=images)
-    if task.startswith("vcr"):
-        items = vcr_lib.load_vcr(_split_path(sources["annotations"], split))
-        items = items[:max_examples] if max_examples else items
-        return VcrData(items, vcr_mode(task), sources["images"], tokens, object_names or [],
-                       max_rois=max_rois, max_text_len=max_text_len, images=images,
-                       with_labels=with_targets)
-    if task == "refcoco":
-        data = load_refcoco(sources["refs"], sources["instances"], split)
-        if max_examples:
-            data.expressions = data.expressions[:max_examples]
-        parts = [RefcocoSamples(data, track, sources["images"], tokens, max_rois=max_rois,
-                                max_text_len=max_text_len, images=images,
-                                rois=rois if track == "det" else None, rois_source=rois_source)
-                 for track in tracks]
-        return parts[0] if len(parts) == 1 else ConcatData(parts)
-    raise ValueError(f"unknown fine-tuning task {task!r}")
-
 
 def read_task_rois(paths: list[str | os.PathLike]) -> tuple[dict, str]:
     """All records of the given task RoI parquets, merged by image key."""
@@ -335,8 +231,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
              tune_frcnn: bool, model_cfg: Mapping[str, Any], sources: Mapping[str, str],
              rois_paths: list[str] | tuple = (), seed: int = 0, device: str = "cpu") -> dict:
     """Fine-tune the pre-trained model in `pretrained_dir` on `task`; returns the task meta."""
-    if task not in FINETUNE_TASKS:
-        raise ValueError(f"unknown fine-tuning task {task!r} (expected one of {FINETUNE_TASKS})")
+    task_def = get_task(task)
     hp = resolve_hparams(task, hparams)
     out_dir = Path(out_dir)
     seed_everything(seed)
@@ -364,19 +259,8 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
     common = dict(sources=sources, tokens=tokens, images=images, max_rois=max_rois,
                   max_text_len=max_text_len, rois=rois, rois_source=rois_source,
                   max_examples=hp["max_examples"])
-    if task == "vqa":
-        train_questions = load_vqa(_split_path(sources["questions"], TRAIN_SPLIT),
-                                   _split_path(sources["annotations"], TRAIN_SPLIT))
-        meta["answers"] = build_answer_vocab(train_questions, int(hp["num_answers"]))
-        data = build_task_data(task, TRAIN_SPLIT, answers=meta["answers"], **common)
-    elif task.startswith("vcr"):
-        items = vcr_lib.load_vcr(_split_path(sources["annotations"], TRAIN_SPLIT))
-        meta["object_names"] = vcr_lib.build_object_vocab(items)
-        meta["aux_roi_loss_weight"] = float(hp["aux_roi_loss_weight"])
-        data = build_task_data(task, TRAIN_SPLIT, object_names=meta["object_names"], **common)
-    else:
-        # each training expression appears once with GT boxes and once with detected boxes
-        data = build_task_data(task, TRAIN_SPLIT, tracks=("gt", "det"), **common)
+    task_def.prepare(meta, hp, sources)
+    data = task_def.build_data(task_def.train_split, meta, **common)
 
     model = FinetuneModel(task, vlbert, meta).to(device)
     model.train()
@@ -424,9 +308,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
         if model.feature_cache is not None:
             log.info("frozen RoI features: computed for %d images, reused for %d rows",
                      model.feature_cache.misses, model.feature_cache.hits)
-        if task.startswith("vcr") and data.dropped_references:
-            log.info("%d object-reference word pieces pointed at boxes cut by max_rois=%d; they "
-                     "took the whole-image feature", data.dropped_references, max_rois)
+        task_def.log_training_data(data, meta)
         save_finetuned(model, meta, out_dir)
     log.info("fine-tuned %s in %.1f s -> %s", task, meta["train_seconds"], out_dir)
     return meta
@@ -434,7 +316,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
 
 def save_finetuned(model: FinetuneModel, meta: Mapping[str, Any], out_dir: str | os.PathLike) -> None:
     out_dir = Path(out_dir)
-    save_safetensors(model.state_dict(), out_dir / MODEL_FILE, metadata={"task": model.task})
+    save_safetensors(model.state_dict(), out_dir / MODEL_FILE, metadata={"task": model.task.name})
     payload = {"vlbert": model.vlbert.config.to_dict(), "task": dict(meta)}
     with atomic_path(out_dir / CONFIG_FILE) as tmp:
         tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")

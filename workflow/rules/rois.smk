@@ -16,7 +16,7 @@ ROI_RULE_PARAMS = stable({k: v for k, v in config["rois"].items() if k != "sourc
 ROI_IMPORT_PARAMS = stable(
     {k: config["rois"][k] for k in ("min_boxes", "max_boxes", "batch_size", "num_workers")}
 )
-TASK_DATASETS = ["vqa", "refcoco"]
+TASK_DATASETS = roi_datasets()
 DETECTED_TASK_DATASETS = [d for d in TASK_DATASETS if ROI_SOURCES[d] == "detector"]
 IMPORTED_TASK_DATASETS = [d for d in TASK_DATASETS if ROI_SOURCES[d] != "detector"]
 

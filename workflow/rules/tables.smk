@@ -3,10 +3,7 @@
 
 rule tables:
     input:
-        table1=table1_evals(),
-        table2=table2_evals(),
-        table3=table3_evals(),
-        table4=table4_evals(),
+        **{table: table_evals(table) for table in TABLE_SPECS},
     output:
         [report(path, caption="../report/tables.rst", category="Result tables") for path in TABLES],
     params:

@@ -5,9 +5,8 @@
 def world_outputs():
     src = config["sources"]
     files = list(src["cc"].values()) + [src["books"], src["wiki"]]
-    files += source_files("vqa", VQA_SPLITS)
-    files += source_files("vcr", ["train", "val"])
-    files += source_files("refcoco", REFCOCO_SPLITS)
+    for dataset in task_datasets():
+        files += source_files(dataset, dataset_splits(dataset))
     files += source_files("detector", ["train", "val"])
     return sorted(set(files))
 
