@@ -350,11 +350,13 @@ def build_detector(cfg: Mapping[str, Any], num_classes: int) -> FasterRCNN:
 
     anchor_generator = build_anchor_generator(cfg)
     num_anchors = anchor_generator.num_anchors_per_location()[0]
-    rpn_head = WideRPNHead(body_out, num_anchors, int(cfg["rpn_head_channels"])) if "rpn_head_channels" in cfg \
-        else RPNHead(body_out, num_anchors)
     roi_align = MultiScaleRoIAlign(featmap_names=["0"], output_size=ROI_OUTPUT_SIZE,
                                    sampling_ratio=ROI_SAMPLING_RATIO)
+    # The predictor is initialised before the RPN head, the order in which torchvision's FasterRCNN drew
+    # them when it built the RPN head itself: a detector trained from the same seed stays the same.
     predictor = FastRCNNPredictor(head_out, num_classes + 1)
+    rpn_head = WideRPNHead(body_out, num_anchors, int(cfg["rpn_head_channels"])) if "rpn_head_channels" in cfg \
+        else RPNHead(body_out, num_anchors)
 
     post_train = int(cfg["rpn_post_nms_train"])
     post_test = int(cfg["rpn_post_nms_test"])
