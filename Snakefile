@@ -3,7 +3,8 @@
 #   uv run snakemake --cores all results/tables/table4_ablation.csv
 #
 # The default config runs the whole DAG on an embedded synthetic world (CPU, no network).
-# Pick another config with --configfile, e.g. --configfile config/ci.yaml.
+# Pick another config with --configfile, after the target (it takes one or more files):
+#   uv run snakemake --cores all results/tables/table4_ablation.csv --configfile config/ci.yaml
 
 from snakemake.utils import min_version, validate
 
@@ -26,6 +27,10 @@ include: "workflow/rules/finetune.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/tables.smk"
 include: "workflow/rules/report.smk"
+
+
+onsuccess:
+    print_where_results_are()
 
 
 rule all:

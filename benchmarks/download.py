@@ -49,8 +49,9 @@ import tarfile
 import time
 from pathlib import Path
 
+from docs_section import replace_section  # benchmarks/ is on sys.path when a benchmark runs as a script
+
 REPO = Path(__file__).resolve().parents[1]
-DOCS = REPO / "docs" / "benchmarks.md"
 SECTION = "## Download (Conceptual Captions images)"
 IMG2DATASET = "img2dataset==1.47.0"
 GENERATOR_VERSION = 1  # bump when the image generator changes, so cached images are remade
@@ -421,6 +422,7 @@ def check_output_sizes(tar: Path) -> None:
 
 def machine_notes(server_cpu: int, client_cpus: list[int]) -> str:
     import PIL
+    import urllib3
 
     model = "unknown CPU"
     try:
@@ -432,16 +434,21 @@ def machine_notes(server_cpu: int, client_cpus: list[int]) -> str:
         pass
     return (
         f"{model}, {os.cpu_count()} logical CPUs, Python {platform.python_version()}, Pillow {PIL.__version__}, "
-        f"{IMG2DATASET}; server pinned to CPU {server_cpu}, clients to CPU(s) {','.join(map(str, client_cpus))}"
+        f"urllib3 {urllib3.__version__}, {IMG2DATASET}; server pinned to CPU {server_cpu}, clients to CPU(s) {','.join(map(str, client_cpus))}"
     )
 
 
-def write_docs(body: str) -> None:
-    text = DOCS.read_text(encoding="utf-8")
-    start = text.index(SECTION) + len(SECTION)
-    following = text.find("\n## ", start)
-    end = len(text) if following < 0 else following + 1
-    DOCS.write_text(text[:start] + "\n\n" + body.strip() + "\n\n" + text[end:].lstrip("\n"), encoding="utf-8")
+def overload_note(load_before: float, load_after: float, shares: dict[str, float]) -> str:
+    """A warning for the docs when other jobs held more CPUs than the machine has: then the methods'
+    images/s differ by the share of the client CPU each got, more than by their own cost."""
+    if min(load_before, load_after) <= (os.cpu_count() or 1):
+        return ""
+    got = ", ".join(f"{method} {share:.0%}" for method, share in shares.items())
+    return (
+        f"\n**This run was overloaded** (load above the {os.cpu_count()} CPUs throughout): the methods got unequal"
+        f" shares of the client CPU ({got}), so their images/s compare those shares more than the methods."
+        " Compare CPU time per image here; images/s only on a quiet machine."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -461,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/vlbert-bench-download"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--methods", default=",".join(METHODS), help="subset to run, comma-separated")
-    parser.add_argument("--write-docs", action="store_true", help=f"replace the {SECTION!r} section of {DOCS}")
+    parser.add_argument("--write-docs", action="store_true", help=f"replace the {SECTION!r} section of docs/benchmarks.md")
     args = parser.parse_args(argv)
 
     if args.command == "worker":
@@ -559,7 +566,7 @@ client CPU; medians of {len(parts)} runs), in CPU ms per image:
 
 | part | CPU ms per image | of the resize |
 |---|---|---|
-| fetch: HTTP/1.1 over loopback, {args.threads} threads, no resize | {part_ms['fetch']:.2f} | {part_ms['fetch'] / part_ms['resize']:.0%} |
+| fetch: urllib3 over loopback, {args.threads} threads, no resize | {part_ms['fetch']:.2f} | {part_ms['fetch'] / part_ms['resize']:.0%} |
 | resize_image on what was fetched (the CPU limit's work) | {part_ms['resize']:.2f} | 100% |
 | write: sha256, json and webdataset TarWriter (3 members per sample) | {part_ms['write']:.2f} | {part_ms['write'] / part_ms['resize']:.0%} |
 | the three, added | {sum(part_ms.values()):.2f} | {sum(part_ms.values()) / part_ms['resize']:.0%} |
@@ -569,9 +576,10 @@ client CPU; medians of {len(parts)} runs), in CPU ms per image:
         f"{statistics.median(fixed_cpu_s[method]):.2f} s ({method})" for method in ("ours", "img2dataset")
     )
     command = "uv run python benchmarks/download.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    shares = {method: medians[method] * cpu_medians[method] / 1e3 / len(client_cpus) for method in methods}
     rows = "\n".join(
         f"| {method} | {medians[method]:.1f} | {', '.join(f'{r:.1f}' for r in rates[method])} | "
-        f"{cpu_medians[method]:.2f} | {medians[method] * cpu_medians[method] / 1e3 / len(client_cpus):.0%} |"
+        f"{cpu_medians[method]:.2f} | {shares[method]:.0%} |"
         for method in methods
     )
     body = f"""\
@@ -610,12 +618,11 @@ pays once. The CPU limit is our `resize_image` over the same files already in me
 threads as the downloaders use.
 Machine: {machine_notes(args.server_cpu, client_cpus)}. Load average {load_before[0]:.1f} before and
 {load_after[0]:.1f} after, on {os.cpu_count()} CPUs (other jobs share this machine, hence the rotating rounds
-and medians).
+and medians).{overload_note(load_before[0], load_after[0], shares)}
 """
     print(body)
     if args.write_docs:
-        write_docs(body)
-        print(f"wrote the {SECTION!r} section of {DOCS}")
+        replace_section(SECTION, body)
     return 0
 
 

@@ -21,7 +21,7 @@ them alike, and reported as medians:
 
 Target (issue 5): B / C <= 1.3.
 
-    uv run python benchmarks/pretrain_step.py --threads 2 --size embedded base --write
+    uv run python benchmarks/pretrain_step.py --threads 2 --size embedded base --write-docs
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from docs_section import replace_section  # benchmarks/ is on sys.path when a benchmark runs as a script
 
 import numpy as np
 import torch
@@ -51,7 +53,7 @@ from vlbert_core.pretrain.loop import ADAM_BETAS, ADAM_EPS, parameter_groups  # 
 from vlbert_core.pretrain.masking import IGNORE_INDEX, MaskingVocab, mask_rois, whole_word_mask  # noqa: E402
 from vlbert_core.pretrain.objectives import VLBertForPretraining  # noqa: E402
 
-DOC = REPO / "docs" / "benchmarks.md"
+
 SECTION = "## Pre-training step"
 # BERT-BASE's shape; the benchmark's default is the embedded model of config/config.yaml.
 BASE_SHAPE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
@@ -71,7 +73,7 @@ def parse_args() -> argparse.Namespace:
                              "(768 hidden, 12 layers, 12 heads, 3072)")
     parser.add_argument("--reps", type=int, default=5, help="measured rounds (each runs A B C D E F once)")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first")
-    parser.add_argument("--write", action="store_true", help=f"replace the body of '{SECTION}' in {DOC}")
+    parser.add_argument("--write-docs", action="store_true", help=f"replace the body of '{SECTION}' in docs/benchmarks.md")
     return parser.parse_args()
 
 
@@ -300,23 +302,13 @@ def main() -> None:
         "",
         "```bash",
         f"uv run python benchmarks/pretrain_step.py --threads {args.threads} --size {' '.join(args.size)} "
-        f"--reps {args.reps} --warmup {args.warmup}" + (" --write" if args.write else ""),
+        f"--reps {args.reps} --warmup {args.warmup}" + (" --write-docs" if args.write_docs else ""),
         "```",
     ]
     report = "\n".join(lines)
     print(report)
-    if args.write:
-        write_section(report)
-
-
-def write_section(body: str) -> None:
-    """Replace the body of SECTION (up to the next '## ' heading) in docs/benchmarks.md."""
-    text = DOC.read_text()
-    start = text.index(SECTION) + len(SECTION)
-    following = text.find("\n## ", start)
-    end = len(text) if following == -1 else following + 1
-    DOC.write_text(text[:start] + "\n\n" + body + "\n" + ("\n" if following != -1 else "") + text[end:])
-    print(f"wrote {DOC} ({SECTION})", file=sys.stderr)
+    if args.write_docs:
+        replace_section(SECTION, report)
 
 
 if __name__ == "__main__":

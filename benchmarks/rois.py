@@ -48,8 +48,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from docs_section import replace_section  # benchmarks/ is on sys.path when a benchmark runs as a script
+
 REPO = Path(__file__).resolve().parents[1]
-DOCS = REPO / "docs" / "benchmarks.md"
 SECTION = "## RoI extraction"
 SHARD_VERSION = 1  # bump when the shard's images change, so a cached shard is remade
 
@@ -257,12 +258,7 @@ torch included): {rss['start']:.0f} MiB before measuring, {rss['after_first_extr
 first extraction pass (before the bare measurement's in-memory batches exist), {rss['end']:.0f} MiB at
 the end.
 """
-    text = DOCS.read_text()
-    start = text.index(SECTION) + len(SECTION)
-    following = text.find("\n## ", start)  # the next section, kept as it is
-    tail = "\n" + text[following + 1:] if following >= 0 else ""
-    DOCS.write_text(text[:start] + "\n\n" + body.strip() + "\n" + tail)
-    print(f"wrote the '{SECTION}' section of {DOCS}")
+    replace_section(SECTION, body)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from docs_section import replace_section  # benchmarks/ is on sys.path when a benchmark runs as a script
+
 import torch
 import yaml
 
@@ -39,7 +41,7 @@ from vlbert_core.model import VLBertModel, build_input_sequence, collate_samples
 from vlbert_core.model.bert_init import load_tokenizer  # noqa: E402
 from vlbert_core.pretrain.data import StreamConfig, pair_shards_with_rois, read_held_out_captions  # noqa: E402
 from vlbert_core.pretrain.loop import (  # noqa: E402
-    build_batches, build_vlbert_config, measure_appearance_statistics, parameter_groups,
+    build_batches, build_vlbert_config, load_pretrain_checkpoint, measure_appearance_statistics, parameter_groups,
 )
 from vlbert_core.pretrain.masking import word_groups  # noqa: E402
 from vlbert_core.pretrain.objectives import VLBertForPretraining  # noqa: E402
@@ -47,7 +49,6 @@ from vlbert_core.pretrain.settings import get_setting  # noqa: E402
 from vlbert_core.utils import set_threads  # noqa: E402
 from vlbert_core.world.vocabulary import CATEGORIES, COLOUR_NAMES, SIZE_NAMES  # noqa: E402
 
-DOCS = REPO / "docs" / "benchmarks.md"
 SECTION = "## Visual grounding (why the visual-clue check shows no gap)"
 SHAPES = tuple(c.name for c in CATEGORIES)
 SHAPE_WORDS = frozenset(SHAPES) | frozenset(c.plural for c in CATEGORIES)
@@ -184,7 +185,7 @@ def load_pretrained(run: Run, setting: str) -> VLBertForPretraining | None:
     path = run.root / "results" / "pretrain" / setting / "checkpoint.pt"
     if not path.is_file():
         return None
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    checkpoint = load_pretrain_checkpoint(path)
     spec = get_setting(setting)
     config = build_vlbert_config(dict(run.config["model"]), run.detector_meta, tune_frcnn=spec.tune_frcnn)
     module = VLBertForPretraining(VLBertModel(config), spec)
@@ -286,17 +287,6 @@ def report(run: Run, probes: dict, kinds: dict, diagnostic: dict, args: argparse
     return "\n".join(lines) + "\n"
 
 
-def write_docs(body: str) -> None:
-    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    start = text.find(SECTION)
-    if start < 0:
-        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n{body}"
-    else:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + f"{SECTION}\n\n{body}" + (text[end:] if end >= 0 else "")
-    DOCS.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, default=Path("."), help="a checkout with a finished run's results/")
@@ -324,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     body = report(run, probes, kinds, diagnostic, args, time.time() - started)
     print(body)
     if args.write_docs:
-        write_docs(body)
+        replace_section(SECTION, body)
     return 0
 
 

@@ -7,6 +7,7 @@ and rows in == ok + failed must hold per shard and for the split.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import http.server
 import io
@@ -29,7 +30,9 @@ from vlbert_core.data.cc import download_cc_shard
 from vlbert_core.data.partition import partition_cc_tsv, read_shard_rows
 
 RESIZE = {"max_side": 48, "mode": "keep_ratio", "max_pixels": 4_000_000}
-DOWNLOAD = {"timeout_s": 0.5, "retries": 1, "threads": 4, "max_bytes": 2_000_000, "backoff_s": 0.01}
+DOWNLOAD = {"timeout_s": 0.5, "deadline_s": 1.0, "retries": 1, "threads": 4, "max_bytes": 2_000_000, "backoff_s": 0.01}
+# 8 MB of zeros in about 8 kB of gzip: under max_bytes on the wire, four times over it decoded.
+GZIP_BOMB = gzip.compress(bytes(8_000_000), compresslevel=9)
 
 
 def encode(image: Image.Image, fmt: str, **save_kwargs) -> bytes:
@@ -100,6 +103,36 @@ class MisbehavingHandler(http.server.BaseHTTPRequestHandler):
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.connection.close()
             self.close_connection = True
+        elif self.path == "/to-file.jpg":  # a redirect that would read a local file
+            self.send_response(302)
+            self.send_header("Location", "file:///etc/passwd")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif self.path == "/gzip-bomb.jpg":
+            self.send_response(200)
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(GZIP_BOMB)))
+            self.end_headers()
+            self.wfile.write(GZIP_BOMB)
+        elif self.path == "/oversize.jpg":  # announced over max_bytes: refused before any body byte
+            self.send_response(200)
+            self.send_header("Content-Length", "3000000")
+            self.end_headers()
+            self.close_connection = True
+        elif self.path == "/negative-chunk.jpg":  # "-5dc": int(x, 16) would take it
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.write(b"-5dc\r\n" + b"x" * 1500 + b"\r\n5dc\r\n" + b"y" * 1500 + b"\r\n0\r\n\r\n")
+        elif self.path == "/drip.jpg":  # slow loris: a byte every 50 ms, each read well within timeout_s
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            for _ in range(60):
+                self.wfile.write(b"x")
+                self.wfile.flush()
+                time.sleep(0.05)
+            self.close_connection = True
         elif self.path.startswith("/loop"):  # two URLs redirecting to each other
             self.send_response(302)
             self.send_header("Location", "/loop-b" if self.path == "/loop-a" else "/loop-a")
@@ -139,6 +172,13 @@ def cases(base: str) -> list[tuple[bytes, str, str | None]]:
         (row("a server too slow", "/slow.jpg"), st.TIMEOUT, None),
         (row("a connection reset", "/reset.jpg"), st.CONNECTION_ERROR, None),
         (row("a redirect loop", "/loop-a"), st.HTTP_ERROR, "redirect"),
+        (row("a redirect to a local file", "/to-file.jpg"), st.REFUSED_SCHEME, "redirect to a file URL refused"),
+        ("a local file\tfile:///etc/hostname".encode(), st.REFUSED_SCHEME, "allow_file_urls is false"),
+        ("an ftp url\tftp://example.org/x.jpg".encode(), st.REFUSED_SCHEME, "scheme 'ftp' is refused"),
+        (row("a gzip bomb", "/gzip-bomb.jpg"), st.TOO_LARGE, "after gzip decoding"),
+        (row("a body over max_bytes", "/oversize.jpg"), st.TOO_LARGE, "Content-Length 3000000 > max_bytes"),
+        (row("a negative chunk size", "/negative-chunk.jpg"), st.CONNECTION_ERROR, "bad chunk size b'-5dc'"),
+        (row("a slow loris", "/drip.jpg"), st.TIMEOUT, "longer than the deadline 1s (after 2 attempts)"),
         (row("a web page", "/page.html"), st.NOT_AN_IMAGE, "<!doctype html>"),
         (row("half a jpeg", "/truncated.jpg"), st.DECODE_ERROR, None),
         (row("random bytes", "/random.bin"), st.NOT_AN_IMAGE, None),
@@ -178,8 +218,8 @@ def test_every_bad_input_is_one_accounted_row(tmp_path, server):
     tsv = tmp_path / "Train_GCC-training.tsv"
     tsv.write_bytes(b"\n".join(line for line, _, _ in table) + b"\n")
 
-    first = run_split(tmp_path, tsv, 11, "a")
-    assert len(first) == 2
+    first = run_split(tmp_path, tsv, 10, "a")
+    assert len(first) == 3
     accounting = [r for out in first for r in pq.read_table(f"{out}.parquet").to_pylist()]
     assert [r["row"] for r in accounting] == list(range(len(table))), "every TSV row exactly once, in order"
     for record, (line, status, fragment) in zip(accounting, table):
@@ -221,7 +261,7 @@ def test_every_bad_input_is_one_accounted_row(tmp_path, server):
                 assert hashlib.sha256(stored).hexdigest() == meta["sha256"]
 
     # The same TSV gives byte-identical tars, accounting and stats.
-    second = run_split(tmp_path, tsv, 11, "b")
+    second = run_split(tmp_path, tsv, 10, "b")
     for a, b in zip(first, second):
         for suffix in (".tar", ".parquet", ".stats.json"):
             assert Path(f"{a}{suffix}").read_bytes() == Path(f"{b}{suffix}").read_bytes(), suffix
@@ -271,7 +311,7 @@ def test_a_shard_with_no_image_fails_and_leaves_no_outputs(tmp_path):
     partition_cc_tsv(tsv, "val", 1, tmp_path / "rows.parquet")
     outputs = [tmp_path / "v.tar", tmp_path / "v.parquet", tmp_path / "v.stats.json"]
     with pytest.raises(RuntimeError, match="no image at all"):
-        download_cc_shard(tmp_path / "rows.parquet", "val", 0, RESIZE, DOWNLOAD, *outputs)
+        download_cc_shard(tmp_path / "rows.parquet", "val", 0, RESIZE, {**DOWNLOAD, "allow_file_urls": True}, *outputs)
     assert not any(path.exists() for path in outputs) and not list(tmp_path.glob(".tmp*"))
     with pytest.raises(ValueError, match="unknown keys"):
         download_cc_shard(tmp_path / "rows.parquet", "val", 0, RESIZE, {**DOWNLOAD, "thread": 3}, *outputs)

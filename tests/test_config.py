@@ -43,6 +43,7 @@ def merged(override: dict) -> dict:
         ({"rois": {"min_boxes": 0}}, "min_boxes"),
         ({"pretrain": {"settings": ["a", "zz"]}}, "settings"),
         ({"cc": {"resize": {"mode": "stretch"}}}, "mode"),
+        ({"cc": {"download": {"allow_file_urls": "yes"}}}, "allow_file_urls"),
         ({"unknown_section": 1}, "unknown_section"),
     ],
 )
@@ -50,6 +51,18 @@ def test_bad_value_is_rejected_with_the_key_named(override, key):
     with pytest.raises(Exception) as err:
         validate(merged(override), SCHEMA)
     assert key in str(err.value)
+
+
+def test_file_urls_are_read_only_where_the_config_says_so():
+    """The world's TSVs are file:// URLs; a real TSV must not make the downloader read local files."""
+    world = load("config.yaml")
+    del world["cc"]["download"]["allow_file_urls"]
+    validate(world, SCHEMA)
+    assert world["cc"]["download"]["allow_file_urls"] is False, "the schema's default refuses file:// URLs"
+    assert merged(load("ci.yaml"))["cc"]["download"]["allow_file_urls"] is True
+    assert load("config.yaml")["cc"]["download"]["allow_file_urls"] is True
+    for name in ("paper_base.yaml", "paper_large.yaml"):
+        assert load(name)["cc"]["download"]["allow_file_urls"] is False, name
 
 
 def test_bad_value_fails_before_any_job_runs(tmp_path):
@@ -202,4 +215,38 @@ def test_paper_config_plans_the_whole_table4_dag(name, tmp_path, bytecode_cache)
     planned_fetches = set(re.findall(r"rule fetch:\n\s+output: (\S+)", proc.stdout))
     assert planned_fetches == fetched - {config["sources"]["cc"]["val"]}
     assert not any((tmp_path / path).exists() for path in fetched)
+    assert not (tmp_path / "results").exists()
+
+
+def test_paper_base_with_init_from_fine_tunes_the_released_model_without_pretraining(tmp_path, bytecode_cache):
+    """pretrain.init_from (a converted released VL-BERT): setting `released` is fine-tuned from it and
+    evaluated for Tables 1-3, with no pretrain job of its own (empty stand-in files here)."""
+    import os
+
+    config = merged(load("paper_base.yaml"))
+    init_from = "resources/weights/vl-bert-base-e2e"
+    for path in hand_obtained_inputs(config) + [f"{init_from}/model.safetensors", f"{init_from}/config.json"]:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).touch()
+    extra = tmp_path / "init_from.yaml"
+    extra.write_text(f"pretrain:\n  init_from: {init_from}\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(bytecode_cache)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "-n",
+         "results/tables/table4_ablation.csv",
+         "--configfile", str(REPO / "config" / "paper_base.yaml"), str(extra), "--cores", "1"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = proc.stdout.split("Job stats:", 1)[1].split("\n\n", 1)[0]
+    counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.MULTILINE)}
+    settings = len(config["pretrain"]["settings"])
+    assert counts["pretrain"] == settings                  # none for `released`
+    assert counts["finetune"] == 4 * settings + 4 * 3      # Tables 1-3: none, full and released
+    assert counts["evaluate"] == 4 * settings + (2 + 1 + 6) * 3
+    assert counts["vcr_q2ar"] == 3
+    released_jobs = re.findall(r"rule finetune:\n\s+input: (\S+?),.*?\n\s+output: (\S+?),", proc.stdout)
+    released = [inp for inp, out in released_jobs if "/released/" in out]
+    assert len(released) == 4 and set(released) == {f"{init_from}/model.safetensors"}
     assert not (tmp_path / "results").exists()

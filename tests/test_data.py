@@ -275,17 +275,18 @@ def test_http_size_cap_redirect_loop_and_timeouts(http_base):
 
 
 def test_file_urls_and_unsupported_schemes(tmp_path):
-    downloader = Downloader(timeout_s=1, retries=0, max_bytes=1_000_000, threads=1)
+    downloader = Downloader(timeout_s=1, retries=0, max_bytes=1_000_000, threads=1, allow_file_urls=True)
     picture = tmp_path / "a picture.png"
     picture.write_bytes(image_bytes())
     assert downloader.fetch(picture.as_uri()).data == picture.read_bytes()
     missing = downloader.fetch((tmp_path / "gone.jpg").as_uri())
     assert missing.status == st.NOT_FOUND and "gone.jpg" in missing.error
     assert downloader.fetch(tmp_path.as_uri()).status == st.IO_ERROR
-    assert downloader.fetch("ftp://example.org/x.jpg").status == st.UNSUPPORTED_URL
+    assert downloader.fetch("ftp://example.org/x.jpg").status == st.REFUSED_SCHEME
     assert downloader.fetch("file://otherhost/x.jpg").status == st.UNSUPPORTED_URL
     assert downloader.fetch("not a url").status == st.UNSUPPORTED_URL
-    assert Downloader(timeout_s=1, retries=0, max_bytes=10, threads=1).fetch(picture.as_uri()).status == st.TOO_LARGE
+    capped = Downloader(timeout_s=1, retries=0, max_bytes=10, threads=1, allow_file_urls=True)
+    assert capped.fetch(picture.as_uri()).status == st.TOO_LARGE
 
 
 def test_imap_ordered_keeps_order_and_bounds_work():

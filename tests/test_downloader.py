@@ -1,35 +1,46 @@
-"""The downloader's keep-alive connections, redirects and proxies, and the resizer's JPEG draft decode.
+"""The downloader over urllib3 against loopback servers, and the resizer's JPEG draft decode.
 
 The behaviour every CC row relies on (statuses for 404, retries, timeouts, caps, file URLs) is
-tested in test_data.py; this file tests how the downloader gets there (connections reused, closed
-after errors, redirects followed by hand, proxies from the environment) and that decoding a JPEG
-at reduced scale keeps the output the same.
+tested in test_data.py and, through the whole shard stage, in test_cc_shard.py. This file tests
+how the downloader gets there: keep-alive connections reused and dropped after errors, redirects
+followed by hand, proxies from the environment, HTTP/1.x framing, and hostile servers (bad chunk
+sizes, decompression bombs, dripping heads and bodies, an https:// proxy spoken to in clear).
+The canned servers write exact bytes on raw sockets; every one listens on 127.0.0.1 only and
+ends with its test.
 """
 
 from __future__ import annotations
 
+import gzip
 import http.server
 import io
 import math
+import shutil
+import socket
+import ssl
+import subprocess
 import threading
 import time
 import urllib.parse
+import zlib
 
 import numpy as np
 import pytest
 from PIL import Image, JpegImagePlugin
 
 from vlbert_core.data import status as st
-from vlbert_core.data.downloader import Downloader, _IdleConnections
+from vlbert_core.data.downloader import Downloader
 from vlbert_core.data.resizer import RESAMPLING, ImageRejected, resize_image
 
 PAYLOAD = b"\xff\xd8 not really a jpeg, but bytes the client must return intact \xff\xd9" * 50
+BODY = bytes(range(256)) * 40  # 10 KiB with every byte value
 
 
 class _KeepAliveHandler(http.server.BaseHTTPRequestHandler):
     """HTTP/1.1 with keep-alive. Routes: /img/<n>, /missing (404), /rel (relative redirect),
-    /chain/<k> (redirects to /chain/<k+1>), /a <-> /b (a loop), /ftp (redirect to ftp://),
-    /truncated (closes mid-body), /unsized (no Content-Length, 5000 bytes, then close)."""
+    /chain/<k> (redirects to /chain/<k+1>), /a <-> /b (a loop), /ftp and /file (redirects to
+    ftp:// and file://), /truncated (closes mid-body), /unsized (no Content-Length, 5000 bytes,
+    then close)."""
 
     protocol_version = "HTTP/1.1"
     connections = 0
@@ -69,6 +80,8 @@ class _KeepAliveHandler(http.server.BaseHTTPRequestHandler):
             self._send(302, headers=[("Location", "/b" if path == "/a" else "/a")])
         elif path == "/ftp":
             self._send(301, headers=[("Location", "ftp://example.org/x.jpg")])
+        elif path == "/file":
+            self._send(302, headers=[("Location", "file:///etc/passwd")])
         elif path == "/truncated":
             self._send(200, PAYLOAD[:10], [("Content-Length", "1000")])
             self.close_connection = True
@@ -96,7 +109,7 @@ def _start(handler) -> tuple[http.server.ThreadingHTTPServer, str]:
 
 @pytest.fixture()
 def server(monkeypatch):
-    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY", "no_proxy", "NO_PROXY"):
+    for name in ("no_proxy", "NO_PROXY"):
         monkeypatch.delenv(name, raising=False)
     _KeepAliveHandler.connections = 0
     _KeepAliveHandler.requests = []
@@ -157,11 +170,28 @@ def test_redirects_are_followed_by_hand(server):
     loop = downloader.fetch(f"{server}/a")
     assert loop.status == st.HTTP_ERROR and "redirect loop" in loop.error
     assert [path for path, _ in _KeepAliveHandler.requests][-2:] == ["/a", "/b"]  # stopped when /a came round
-
-    ftp = downloader.fetch(f"{server}/ftp")
-    assert ftp.status == st.HTTP_ERROR and "not http(s)" in ftp.error
     assert _downloader(max_redirects=0).fetch(f"{server}/rel").status == st.HTTP_ERROR
     downloader.close()
+
+
+@pytest.mark.parametrize("allow_file_urls", [False, True])
+def test_redirects_and_urls_to_other_schemes_are_refused(server, tmp_path, allow_file_urls):
+    picture = tmp_path / "secret.jpg"
+    picture.write_bytes(PAYLOAD)
+    with _downloader(allow_file_urls=allow_file_urls) as downloader:
+        ftp = downloader.fetch(f"{server}/ftp")
+        assert ftp.status == st.REFUSED_SCHEME and "redirect to a ftp URL refused" in ftp.error
+        to_file = downloader.fetch(f"{server}/file")  # refused even where file:// rows are read
+        assert to_file.status == st.REFUSED_SCHEME and "redirect to a file URL refused" in to_file.error
+        direct = downloader.fetch(picture.as_uri())
+        if allow_file_urls:
+            assert direct.status == st.OK and direct.data == PAYLOAD
+        else:
+            assert direct.status == st.REFUSED_SCHEME and "allow_file_urls is false" in direct.error
+        for url, scheme in [("ftp://example.org/x.jpg", "'ftp'"), ("gopher://h/x", "'gopher'"), ("data:,x", "'data'")]:
+            refused = downloader.fetch(url)
+            assert refused.status == st.REFUSED_SCHEME and scheme in refused.error, url
+        assert downloader.fetch("//example.org/x.jpg").status == st.UNSUPPORTED_URL  # no scheme at all
 
 
 def test_size_cap_holds_for_a_body_without_content_length(server):
@@ -187,25 +217,326 @@ def test_proxy_from_the_environment_and_no_proxy(server, monkeypatch):
         assert downloader.fetch(f"{server}/img/4").status == st.OK  # bypassed: straight to the server
     assert _KeepAliveHandler.requests[-1][0] == "/img/4"
 
+    monkeypatch.setenv("http_proxy", "socks5://user:secret@127.0.0.1:1080")
+    with pytest.raises(ValueError, match="http_proxy from the environment: proxy scheme 'socks5'") as err:
+        _downloader()
+    assert "secret" not in str(err.value)
 
-def test_idle_connection_pool_is_bounded():
-    class FakeConnection:
-        closed = False
 
-        def close(self):
-            self.closed = True
+# -- HTTP/1.x framing and hostile servers, on raw sockets -------------------------------------------
 
-    pool = _IdleConnections(limit=2)
-    first, second, third = FakeConnection(), FakeConnection(), FakeConnection()
-    pool.put(("a",), first)
-    pool.put(("b",), second)
-    pool.put(("a",), third)  # over the limit: the least recently returned host ("b") loses its connection
-    assert second.closed and not first.closed and not third.closed
-    assert pool.take(("b",)) is None
-    assert pool.take(("a",)) is third and pool.take(("a",)) is first and pool.take(("a",)) is None
-    pool.put(("c",), second)
-    pool.close()
-    assert pool.take(("c",)) is None
+
+def _chunked(body: bytes, size: int) -> bytes:
+    parts = [b"%x;note=x\r\n%s\r\n" % (len(body[i : i + size]), body[i : i + size]) for i in range(0, len(body), size)]
+    return b"".join(parts) + b"0\r\nX-Trailer: yes\r\n\r\n"
+
+
+def _head(*lines: str) -> bytes:
+    return ("\r\n".join(("HTTP/1.1 200 OK",) + lines) + "\r\n\r\n").encode("latin-1")
+
+
+GZIP_BODY = gzip.compress(BODY)
+# 64 MB of zeros in about 64 kB: far past any cap once decoded.
+GZIP_BOMB = gzip.compress(bytes(64 << 20), compresslevel=9)
+DEFLATE_BOMB = zlib.compress(bytes(64 << 20), 9)
+
+
+def _alternating_chunks() -> bytes:
+    """A negative chunk, then a positive one, nine times: int(x, 16) took it as 13,500 bytes 'ok'."""
+    return b"".join(b"-5dc\r\n" + b"x" * 1500 + b"\r\n" + b"5dc\r\n" + b"y" * 1500 + b"\r\n" for _ in range(9)) + b"0\r\n\r\n"
+
+
+RESPONSES = {
+    "/plain": _head(f"Content-Length: {len(BODY)}") + BODY,
+    "/chunked": _head("Transfer-Encoding: chunked") + _chunked(BODY, 3000),
+    "/early-hints": b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n" + _head(f"Content-Length: {len(BODY)}") + BODY,
+    "/http10": b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY),
+    "/to-close": _head("Connection: close") + BODY,
+    "/gzip": _head("Content-Encoding: gzip", f"Content-Length: {len(GZIP_BODY)}") + GZIP_BODY,
+    "/redirect-chunked": b"HTTP/1.1 302 Found\r\nLocation: /plain\r\nTransfer-Encoding: chunked\r\n\r\n"
+    + _chunked(b"moved", 5),
+    # hostile or broken
+    "/not-http": b"SSH-2.0-OpenSSH_9.6\r\n\r\n",
+    "/bad-length": _head("Content-Length: 12, 13") + b"0123456789ab",
+    "/huge-head": _head("X-Filler: " + "y" * (70 * 1024)),
+    "/short-chunk": _head("Transfer-Encoding: chunked") + b"1000\r\nonly a little",
+    "/negative-chunks": _head("Transfer-Encoding: chunked") + _alternating_chunks(),
+    "/plus-chunk": _head("Transfer-Encoding: chunked") + b"+5dc\r\n" + b"x" * 1500 + b"\r\n0\r\n\r\n",
+    "/hex-prefixed-chunk": _head("Transfer-Encoding: chunked") + b"0x5dc\r\n" + b"x" * 1500 + b"\r\n0\r\n\r\n",
+    "/overlong-chunk": _head("Transfer-Encoding: chunked") + b"1" * 17 + b"\r\n" + b"x" * 1500,
+    "/gzip-bomb": _head("Content-Encoding: gzip", f"Content-Length: {len(GZIP_BOMB)}") + GZIP_BOMB,
+    "/deflate-bomb-chunked": _head("Content-Encoding: deflate", "Transfer-Encoding: chunked")
+    + _chunked(DEFLATE_BOMB, 8192),
+    "/oversize": _head(f"Content-Length: {2 * len(BODY)}") + BODY + BODY,
+}
+_CLOSES_AFTER = {"/http10", "/to-close", "/not-http", "/bad-length", "/huge-head", "/short-chunk", "/overlong-chunk"}
+# Dripped a byte at a time, 20 ms apart: each read is quick, the whole is not.
+DRIPPED = {
+    "/drip-head": _head("Content-Length: 5", "X-Slow: " + "z" * 400) + b"hello",
+    "/drip-body": _head("Content-Length: 400") + b"b" * 400,
+}
+
+
+def _read_request_head(conn: socket.socket, buffer: bytearray) -> str | None:
+    """The request line of the next request on `conn` (None when the client is gone)."""
+    while b"\r\n\r\n" not in buffer:
+        data = conn.recv(65536)
+        if not data:
+            return None
+        buffer += data
+    head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
+    buffer[:] = rest
+    return head.split(b"\r\n")[0].decode("latin-1")
+
+
+class _CannedServer:
+    """Answers GET <path> with RESPONSES[path] (or drips DRIPPED[path]), keeping the connection
+    open unless the response ends it; optionally over TLS. Counts connections and records request
+    lines; `received` holds the first bytes of each connection, as they came."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None):
+        self.tls = tls
+        self.connections = 0
+        self.request_lines: list[str] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.port = self.listener.getsockname()[1]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(5)
+        try:
+            if self.tls is not None:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            buffer = bytearray()
+            while (line := _read_request_head(conn, buffer)) is not None:
+                self.request_lines.append(line)
+                path = urllib.parse.urlsplit(line.split(" ")[1]).path
+                if path in DRIPPED:
+                    for index in range(len(DRIPPED[path])):
+                        conn.sendall(DRIPPED[path][index : index + 1])
+                        time.sleep(0.02)
+                    continue
+                conn.sendall(RESPONSES.get(path, b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"))
+                if path in _CLOSES_AFTER:
+                    break
+        except (OSError, ssl.SSLError):
+            pass  # the client hung up: what the hostile cases expect
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.listener.close()
+
+
+@pytest.fixture()
+def canned():
+    server = _CannedServer()
+    yield server
+    server.close()
+
+
+def test_bodies_framed_by_length_chunks_and_close(canned):
+    base = f"http://127.0.0.1:{canned.port}"
+    with _downloader(threads=1) as downloader:
+        for path in ("/plain", "/chunked", "/early-hints", "/gzip", "/plain"):
+            result = downloader.fetch(base + path)
+            assert (result.status, result.data) == (st.OK, BODY), path
+        assert canned.connections == 1  # chunked, encoded and interim responses keep the connection usable
+        for path in ("/http10", "/to-close", "/plain"):
+            result = downloader.fetch(base + path)
+            assert (result.status, result.data) == (st.OK, BODY), path
+        assert canned.connections == 3  # HTTP/1.0 without keep-alive, and Connection: close, end theirs
+
+
+def test_redirect_with_a_chunked_body(canned):
+    with _downloader() as downloader:
+        result = downloader.fetch(f"http://127.0.0.1:{canned.port}/redirect-chunked")
+    assert (result.status, result.data) == (st.OK, BODY)
+    assert canned.request_lines[-1] == "GET /plain HTTP/1.1"
+
+
+@pytest.mark.parametrize(
+    "path, status, words",
+    [
+        ("/not-http", st.CONNECTION_ERROR, "bad HTTP response"),
+        ("/bad-length", st.CONNECTION_ERROR, "Content-Length"),
+        ("/huge-head", st.CONNECTION_ERROR, "bad HTTP response"),
+        ("/short-chunk", st.CONNECTION_ERROR, "mid-body"),
+        ("/negative-chunks", st.CONNECTION_ERROR, "bad chunk size b'-5dc'"),
+        ("/plus-chunk", st.CONNECTION_ERROR, "bad chunk size b'+5dc'"),
+        ("/hex-prefixed-chunk", st.CONNECTION_ERROR, "bad chunk size b'0x5dc'"),
+        ("/overlong-chunk", st.CONNECTION_ERROR, "bad chunk size b'11111111111111111'"),
+        ("/gzip-bomb", st.TOO_LARGE, "body exceeds max_bytes 1500 after gzip decoding"),
+        ("/deflate-bomb-chunked", st.TOO_LARGE, "body exceeds max_bytes 1500 after deflate decoding"),
+        ("/oversize", st.TOO_LARGE, "Content-Length 20480 > max_bytes 1500"),
+        ("/drip-head", st.TIMEOUT, "longer than the deadline 0.3s"),
+        ("/drip-body", st.TIMEOUT, "longer than the deadline 0.3s"),
+    ],
+)
+def test_hostile_and_malformed_responses_end_with_a_status(canned, path, status, words):
+    started = time.monotonic()
+    with _downloader(max_bytes=1500, timeout_s=1, deadline_s=0.3) as downloader:
+        result = downloader.fetch(f"http://127.0.0.1:{canned.port}{path}")
+    assert result.status == status and words in result.error and result.data is None, result
+    assert time.monotonic() - started < 1.5  # the drips last 0.1 s a line: the deadline, not the server, ended them
+
+
+@pytest.mark.parametrize("path", ["/chunked", "/to-close"])
+def test_size_cap_holds_for_unsized_bodies(canned, path):
+    # /to-close arrives in one send: the whole body is already buffered with the head.
+    with _downloader(max_bytes=len(BODY) - 1) as downloader:
+        assert downloader.fetch(f"http://127.0.0.1:{canned.port}{path}").status == st.TOO_LARGE
+
+
+def test_request_line_and_headers_sent(canned):
+    with _downloader() as downloader:
+        downloader.fetch(f"http://127.0.0.1:{canned.port}/plain?size=big&x=a b")
+    assert canned.request_lines[-1] == "GET /plain?size=big&x=a%20b HTTP/1.1"
+    with pytest.raises(ValueError):
+        Downloader(timeout_s=1, retries=0, max_bytes=10, threads=1, user_agent="x\r\nInjected: yes")
+
+
+# -- TLS ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory):
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )
+    return cert, key
+
+
+def _server_context(certificate) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*certificate)
+    return context
+
+
+@pytest.fixture()
+def tls_server(certificate):
+    server = _CannedServer(tls=_server_context(certificate))
+    yield server
+    server.close()
+
+
+class _ConnectProxy:
+    """A CONNECT-only proxy, optionally itself behind TLS: answers 200 and relays bytes both ways.
+    Records what was asked, and the first bytes each client sent, as they came over the wire."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None):
+        self.tls = tls
+        self.requests: list[tuple[str, str | None]] = []  # (CONNECT target, Proxy-Authorization)
+        self.wire: list[bytes] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(5)
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._serve_one, daemon=True).start()
+
+    def _serve_one(self) -> None:
+        try:
+            client, _ = self.listener.accept()
+            client.settimeout(5)
+            first = client.recv(65536, socket.MSG_PEEK)
+            self.wire.append(first)
+            if self.tls is not None:
+                client = self.tls.wrap_socket(client, server_side=True)
+            buffer = bytearray()
+            while b"\r\n\r\n" not in buffer:
+                data = client.recv(65536)
+                if not data:
+                    return
+                buffer += data
+        except (OSError, ssl.SSLError):
+            return
+        lines = bytes(buffer).split(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")
+        auth = next((line.split(":", 1)[1].strip() for line in lines if line.lower().startswith("proxy-authorization:")), None)
+        target = lines[0].split(" ")[1]
+        self.requests.append((target, auth))
+        host, port = target.rsplit(":", 1)
+        upstream = socket.create_connection((host, int(port)), timeout=5)
+        client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+
+        def pipe(source, sink):
+            try:
+                while data := source.recv(65536):
+                    sink.sendall(data)
+            except OSError:
+                pass
+            finally:
+                sink.close()
+
+        threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
+        pipe(client, upstream)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_https_verifies_the_certificate_and_reuses_the_connection(tls_server, certificate, monkeypatch):
+    url = f"https://127.0.0.1:{tls_server.port}/chunked"
+    with _downloader() as untrusting:
+        refused = untrusting.fetch(url)
+    assert refused.status == st.CONNECTION_ERROR and "TLS error" in refused.error and "verify" in refused.error
+    monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))  # read when the downloader is made, as urllib does
+    with _downloader() as downloader:
+        for _ in range(3):
+            assert downloader.fetch(url).data == BODY
+    assert tls_server.connections == 2  # the refused one, then one for all three
+
+
+@pytest.mark.parametrize("proxy_tls", [False, True])
+def test_https_through_a_connect_proxy(tls_server, certificate, monkeypatch, proxy_tls):
+    proxy = _ConnectProxy(tls=_server_context(certificate) if proxy_tls else None)
+    try:
+        monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))
+        monkeypatch.setenv("https_proxy", f"{'https' if proxy_tls else 'http'}://user:secret@127.0.0.1:{proxy.port}")
+        with _downloader() as downloader:
+            result = downloader.fetch(f"https://127.0.0.1:{tls_server.port}/plain")
+        assert (result.status, result.data) == (st.OK, BODY)
+        assert proxy.requests == [(f"127.0.0.1:{tls_server.port}", "Basic dXNlcjpzZWNyZXQ=")]
+        # An https:// proxy is greeted with a TLS handshake (record type 22), never a CONNECT in clear.
+        assert proxy.wire[0].startswith(b"\x16" if proxy_tls else b"CONNECT")
+    finally:
+        proxy.close()
+
+
+def test_an_https_proxy_never_sees_credentials_in_clear(canned, monkeypatch):
+    """A plain-text listener posing as an https:// proxy: the client's first bytes are a TLS
+    handshake, so the handshake fails and the row fails; the password never crossed the wire."""
+    proxy = _ConnectProxy()  # speaks no TLS: the client's handshake fails against it
+    try:
+        monkeypatch.setenv("https_proxy", f"https://user:secret@127.0.0.1:{proxy.port}")
+        monkeypatch.setenv("http_proxy", f"https://user:secret@127.0.0.1:{proxy.port}")
+        with _downloader() as downloader:
+            result = downloader.fetch(f"http://127.0.0.1:{canned.port}/plain")
+        assert result.status == st.CONNECTION_ERROR and result.data is None
+        assert proxy.wire and proxy.wire[0].startswith(b"\x16")
+        assert all(b"secret" not in data and b"dXNlcjpzZWNyZXQ=" not in data for data in proxy.wire)
+    finally:
+        proxy.close()
 
 
 # -- resizer: JPEG draft decode ------------------------------------------------------------------

@@ -17,7 +17,8 @@ PAYLOAD = random.Random(1).randbytes(300_000)
 class RangeHandler(http.server.BaseHTTPRequestHandler):
     """/cut: the first response stops after 100 kB (a dropped connection); later ones honour Range.
     /norange: ignores Range and always sends the whole file. /short: announces more than it has
-    in total. /missing: 404."""
+    in total. /missing: 404. /moved: redirects to /whole; /to-file: to a file:// URL.
+    /negative-chunk: a chunked body whose first chunk size is -5dc."""
 
     requests: list[tuple[str, str | None]] = []
     served_cut = False
@@ -30,6 +31,18 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
         type(self).requests.append((self.path, range_header))
         if self.path == "/missing":
             self.send_error(404)
+            return
+        if self.path in ("/moved", "/to-file"):
+            self.send_response(302)
+            self.send_header("Location", "/whole" if self.path == "/moved" else "file:///etc/passwd")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if self.path == "/negative-chunk":
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.write(b"-5dc\r\n" + PAYLOAD[:1500] + b"\r\n0\r\n\r\n")
             return
         start = 0
         if range_header and self.path != "/norange":
@@ -93,7 +106,7 @@ def test_wrong_checksum_size_or_status_fails_and_keeps_no_target(tmp_path, serve
     assert not (tmp_path / "a").exists() and not (tmp_path / "a.part").exists()
     with pytest.raises(FetchError, match="got 300000 bytes, the config expects 5;"):
         fetch_file(FetchSpec(f"{server}/whole", str(tmp_path / "b"), bytes=5), timeout_s=5, attempts=1)
-    with pytest.raises(FetchError, match=r"gave up after 2 attempts \(ConnectionError: connection closed at byte"):
+    with pytest.raises(FetchError, match=r"gave up after 2 attempts \(connection closed at byte 300000 of 300010"):
         fetch_file(FetchSpec(f"{server}/short", str(tmp_path / "s")), timeout_s=5, attempts=2, backoff_s=0.01)
     assert (tmp_path / "s.part").stat().st_size == len(PAYLOAD), "bytes of a broken transfer are kept for the next run"
     with pytest.raises(FetchError, match="HTTP 404"):
@@ -101,6 +114,16 @@ def test_wrong_checksum_size_or_status_fails_and_keeps_no_target(tmp_path, serve
     assert [r for r in RangeHandler.requests if r[0] == "/missing"] == [("/missing", None)], "a 404 is final"
     with pytest.raises(FetchError, match="unsupported URL scheme"):
         fetch_file(FetchSpec("ftp://example.org/x", str(tmp_path / "d")))
+
+
+def test_redirects_are_followed_to_http_only_and_bad_framing_fails(tmp_path, server):
+    assert fetch_file(FetchSpec(f"{server}/moved", str(tmp_path / "m")), timeout_s=5, attempts=1).read_bytes() == PAYLOAD
+    with pytest.raises(FetchError, match=r"redirect to 'file:///etc/passwd' refused \(http or https only\)"):
+        fetch_file(FetchSpec(f"{server}/to-file", str(tmp_path / "f")), timeout_s=5, attempts=3, backoff_s=0.01)
+    assert [r for r in RangeHandler.requests if r[0] == "/to-file"] == [("/to-file", None)], "a refusal is final"
+    with pytest.raises(FetchError, match=r"bad chunk size b'-5dc'"):
+        fetch_file(FetchSpec(f"{server}/negative-chunk", str(tmp_path / "n")), timeout_s=5, attempts=1)
+    assert not (tmp_path / "n").exists()
 
 
 def test_file_urls_and_config_validation(tmp_path):

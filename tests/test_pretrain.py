@@ -401,7 +401,7 @@ def test_resume_matches_straight_run(world, tmp_path):
     assert _run(world, "full", straight)["resumed_from"] is None
     summary = _run(world, "full", interrupted, stop_after_step=2)
     assert summary["stopped"] and not (interrupted / "model.safetensors").exists()
-    assert torch.load(interrupted / "checkpoint.pt", weights_only=False)["step"] == 2
+    assert torch.load(interrupted / "checkpoint.pt", weights_only=True)["step"] == 2
     assert _run(world, "full", interrupted)["resumed_from"] == 2
 
     from safetensors.torch import load_file

@@ -17,8 +17,11 @@ from vlbert_core.safe_pickle import UnsafePickleError, load_pickle
 class _RunsCode:
     """Unpickling this calls os.system: what a hostile pickle looks like."""
 
+    def __init__(self, marker: str = "/dev/null"):
+        self.marker = marker
+
     def __reduce__(self):
-        return (os.system, ("echo pwned > /dev/null",))
+        return (os.system, (f"touch '{self.marker}'",))
 
 
 def test_pickle_that_runs_code_is_refused_naming_file_and_global(tmp_path):
@@ -97,3 +100,58 @@ def test_stand_in_round_trip(tmp_path, fmt, name):
     assert (tensors["bn.running_var"] > 0).all()
     with pytest.raises(ValueError, match="'model'"):
         read_published(tmp_path / name, ("model",))
+
+
+def _hostile_torch_file(path, marker):
+    torch.save({"state_dict": {"w": torch.zeros(1)}, "trap": _RunsCode(str(marker))}, path)
+
+
+def _load_pretrain(path):
+    from vlbert_core.pretrain.loop import load_pretrain_checkpoint
+    load_pretrain_checkpoint(path)
+
+
+def _load_detector(path):
+    from vlbert_core.detector import load_detector
+    load_detector(path)
+
+
+def _load_resnet(path):
+    from vlbert_core.detector.resnet_c4 import ResNetC4Config, build_resnet_c4
+    build_resnet_c4(ResNetC4Config(stage_widths=[4, 4, 4, 4], blocks_per_stage=[1, 1, 1, 1], init_weights=str(path)))
+
+
+def _load_bert_bin(path):
+    from vlbert_core.model.bert_init import load_bert_mlm_head_state
+    (path.parent / "config.json").write_text("{}")
+    load_bert_mlm_head_state(str(path.parent))
+
+
+def _load_published(path):
+    read_published(path, ("state_dict",))
+
+
+def _load_refs(path):
+    from vlbert_core.tasks.refcoco import _load_refs as load_refs
+    load_refs(path)
+
+
+@pytest.mark.parametrize("loader, name, kind", [
+    (_load_pretrain, "checkpoint.pt", "torch"), (_load_detector, "model.pt", "torch"),
+    (_load_resnet, "resnet.pth", "torch"), (_load_bert_bin, "pytorch_model.bin", "torch"),
+    (_load_published, "vl-bert-base-e2e.model", "torch"), (_load_published, "faster_rcnn_from_caffe_attr.pkl", "pickle"),
+    (_load_refs, "refs(unc).p", "pickle"),
+])
+def test_every_loader_refuses_a_code_running_file(tmp_path, loader, name, kind):
+    """Each place that reads a file we did not write in this run refuses a doctored one: nothing runs,
+    and the error names the file."""
+    path, marker = tmp_path / name, tmp_path / "code-ran"
+    if kind == "torch":
+        _hostile_torch_file(path, marker)
+    else:
+        path.write_bytes(pickle.dumps({"model": {"w": _RunsCode(str(marker))}} if name.endswith(".pkl")
+                                      else [{"ref_id": 1, "trap": _RunsCode(str(marker))}], protocol=2))
+    with pytest.raises((ValueError, pickle.UnpicklingError)) as err:
+        loader(path)
+    assert str(path) in str(err.value)
+    assert not marker.exists()

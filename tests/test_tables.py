@@ -232,3 +232,35 @@ def test_eval_json_without_value_names_the_file_and_key(tmp_path):
     path.write_text(json.dumps({k: v for k, v in records[path].items() if k != "value"}))
     with pytest.raises(ValueError, match=f"eval JSON {path} has no key 'value'"):
         write_tables(results, results / "tables", SETTINGS, "synthetic", MODEL_CFG)
+
+
+def test_released_model_gets_its_own_measured_row_in_tables_1_to_3(tmp_path):
+    """pretrain.init_from: the authors' model, fine-tuned here, is a row of Tables 1-3 (not of Table 4)."""
+    results = tmp_path / "results"
+    records = make_evals(results)
+    for name in ("table1_vcr", "table2_vqa", "table3_refcoco"):   # its eval JSONs, as for `full`
+        for col in TABLE_SPECS[name].columns:
+            if col.eval_task is not None:
+                src = results / "eval" / col.eval_task / "full" / "full" / f"{col.eval_split}.json"
+                dst = results / "eval" / col.eval_task / "released" / "full" / f"{col.eval_split}.json"
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                record = {**records[src], "value": records[src]["value"] + 1.0, "setting": "released"}
+                dst.write_text(json.dumps(record))
+                records[dst] = record
+    written = write_tables(results, results / "tables", SETTINGS + ["released"], "real", MODEL_CFG,
+                           released_from="resources/weights/vl-bert-base-e2e")
+    for name in ("table1_vcr", "table2_vqa", "table3_refcoco"):
+        rows = read_rows(written[name])
+        released = [r for r in rows if r["setting"] == "released"]
+        assert len(released) == 1 and released[0]["source"] == "measured"
+        row = released[0]
+        assert row["model"] == "released VL-BERT (vl-bert-base-e2e), fine-tuned and evaluated by this pipeline"
+        for col in TABLE_SPECS[name].columns:
+            if col.eval_task is not None:
+                assert "/released/full/" in row[f"{col.name}_eval"]
+                assert float(row[col.name]) == records[Path(row[f"{col.name}_eval"])]["value"]
+        assert "released VL-BERT (vl-bert-base-e2e)" in Path(written[name]).with_suffix(".md").read_text()
+    assert all(r["setting"] != "released" for r in read_rows(written["table4_ablation"]))
+    # without init_from there is no such row
+    plain = write_tables(results, tmp_path / "plain", SETTINGS, "real", MODEL_CFG)
+    assert all(r["setting"] != "released" for r in read_rows(plain["table1_vcr"]))

@@ -21,61 +21,7 @@ from vlbert_core.tasks import vcr as vcr_lib
 from vlbert_core.tasks import vqa as vqa_lib
 from vlbert_core.tasks.common import load_task_image, scale_boxes
 
-# ---------------------------------------------------------------- VQA normalisation and accuracy
-
-
-@pytest.mark.parametrize("raw, normalised", [
-    ("Two", "2"),
-    ("a dog", "dog"),
-    ("The Dog.", "dog"),
-    ("dont", "don't"),
-    ("yes!", "yes"),
-    ("dog?", "dog"),
-    ("2.5", "2.5"),        # a period followed by a digit stays
-    ("1,000", "1000"),     # digit,digit comma: punctuation is deleted, not spaced
-    ("left-hand", "left hand"),
-    ("  red\tcar\n", "red car"),
-    ("none", "0"),
-])
-def test_normalize_answer_like_official_script(raw, normalised):
-    assert vqa_lib.normalize_answer(raw) == normalised
-
-
-def test_vqa_accuracy_normalises_the_prediction():
-    assert vqa_lib.vqa_accuracy("Two", ["2"] * 10) == 1.0
-    assert vqa_lib.vqa_accuracy("yes.", ["yes"] * 10) == 1.0
-    assert vqa_lib.vqa_accuracy("yes!", ["yes"] * 10) == 1.0
-    # 3 of 10 humans said "dog": leaving out one of the 3 leaves 2 matches (2/3), leaving out one
-    # of the 7 others leaves 3 (1.0): (3 * 2/3 + 7 * 1) / 10 = 0.9
-    assert vqa_lib.vqa_accuracy("a dog", ["dog"] * 3 + ["cat"] * 7) == pytest.approx(0.9)
-    # 4 humans said "don't": every leave-one-out subset keeps >= 3 matches
-    assert vqa_lib.vqa_accuracy("dont", ["don't"] * 4 + ["no"] * 6) == pytest.approx(1.0)
-    # trailing "?" on a single matching human: (1 * 0 + 9 * 1/3) / 10 = 0.3
-    assert vqa_lib.vqa_accuracy("dog?", ["dog"] + ["cat"] * 9) == pytest.approx(0.3)
-
-
-def test_vqa_accuracy_when_only_two_of_ten_humans_agree():
-    humans = ["red", "red", "blue", "green", "pink", "white", "black", "gray", "brown", "tan"]
-    # leaving out a "red" leaves 1 match (1/3), leaving out another leaves 2 (2/3):
-    # (2 * 1/3 + 8 * 2/3) / 10 = 0.6
-    assert vqa_lib.vqa_accuracy("red", humans) == pytest.approx(0.6)
-    assert vqa_lib.vqa_accuracy("blue", humans) == pytest.approx(0.3)
-    assert vqa_lib.vqa_accuracy("purple", humans) == 0.0
-
-
-def test_vqa_accuracy_keeps_the_official_treatment_of_human_answers():
-    # The official script applies only the punctuation step to the human answers, and only when
-    # they disagree; number words in the (normally pre-normalised) annotations are not mapped.
-    assert vqa_lib.vqa_accuracy("two", ["two"] * 10) == 0.0
-    assert vqa_lib.vqa_accuracy("2", ["two"] * 9 + ["2"]) == pytest.approx(0.3)
-    # punctuation of disagreeing humans is processed: "dog." -> "dog" for all 4 -> 1.0
-    assert vqa_lib.vqa_accuracy("dog", ["dog."] * 4 + ["cat"] * 6) == pytest.approx(1.0)
-
-
-@pytest.mark.parametrize("matches, score", [(0, 0.0), (1, 0.3), (2, 0.6), (3, 0.9), (4, 1.0), (10, 1.0)])
-def test_vqa_soft_score(matches, score):
-    humans = ["yes"] * matches + ["no"] * (10 - matches)
-    assert vqa_lib.vqa_soft_score("yes", humans) == pytest.approx(score)
+# ---------------------------------------------------------------- VQA files (the metric: tests/test_metrics.py)
 
 
 def _vqa_files(tmp_path: Path, split: str = "train"):
@@ -240,24 +186,6 @@ def test_vcr_references_take_the_referenced_boxes(tokenizer, tmp_path):
 
 
 # ---------------------------------------------------------------- RefCOCO+
-
-
-def test_box_iou_edge_cases():
-    iou = refcoco_lib.box_iou
-    assert iou([0, 0, 10, 10], [10, 0, 20, 10])[0, 0] == 0.0          # touching edge
-    assert iou([0, 0, 10, 10], [10, 10, 20, 20])[0, 0] == 0.0         # touching corner
-    assert iou([0, 0, 10, 10], [2, 2, 7, 7])[0, 0] == pytest.approx(0.25)  # containment: 25 / 100
-    assert iou([0, 0, 2, 1], [0, 0, 1, 1])[0, 0] == 0.5                 # exactly 0.5: 1 / 2
-    assert iou([0, 0, 4, 4], [0, 0, 4, 4])[0, 0] == 1.0
-    assert iou([3, 3, 3, 3], [3, 3, 3, 3])[0, 0] == 0.0                 # zero-area boxes
-    matrix = iou(np.array([[0, 0, 2, 2], [1, 1, 3, 3]]), np.array([[0, 0, 2, 2], [5, 5, 6, 6], [1, 0, 3, 2]]))
-    assert matrix.shape == (2, 3)
-    assert matrix[1] == pytest.approx([1 / 7, 0.0, 2 / 6])
-    # correct at IoU >= 0.5, although a RoI at exactly 0.5 is not a positive training target
-    value, ious = refcoco_lib.refcoco_accuracy(np.array([[0, 0, 2, 1], [0, 0, 1, 1]]),
-                                               np.array([[0, 0, 1, 1], [2, 2, 3, 3]]))
-    assert value == 50.0 and list(ious) == [0.5, 0.0]
-    assert not (0.5 > refcoco_lib.POSITIVE_IOU)
 
 
 def _refcoco_files(tmp_path: Path):
@@ -567,11 +495,16 @@ def test_tiny_finetune_and_evaluate_every_task(world, tmp_path):
               [root / "rois/vqa/val.parquet"])
     result = _check_eval(tmp_path / "ev/vqa/val.json", "vqa", "vqa_accuracy", "val", 3)
     predictions = json.loads(Path(result["predictions"]).read_text())
+    # the official results format, unchanged: [{"question_id": int, "answer": str}], each question once
+    assert isinstance(predictions, list)
+    assert all(set(p) == {"question_id", "answer"} and type(p["question_id"]) is int
+               and isinstance(p["answer"], str) for p in predictions)
     assert sorted(p["question_id"] for p in predictions) == [1000, 1001, 2000]
-    # the reported value is the official accuracy of the written answers
+    # the reported value is the official accuracy of the written answers (annotations in this order)
     humans = {1000: ["two"] * 6 + ["2"] * 2 + ["three"] * 2, 1001: ["red"] * 2 + ["blue"] * 8, 2000: ["yes"] * 10}
-    expected = 100 * np.mean([vqa_lib.vqa_accuracy(p["answer"], humans[p["question_id"]]) for p in predictions])
-    assert result["value"] == pytest.approx(expected)
+    written = {p["question_id"]: p["answer"] for p in predictions}
+    expected = vqa_lib.vqa_overall_accuracy([vqa_lib.vqa_accuracy(written[q], humans[q]) for q in humans])
+    assert result["value"] == expected
     timings["vqa"] = time.perf_counter() - start
 
     # VCR Q->A (SGD with a step decay) and QA->R, then Q->AR from their predictions
@@ -691,3 +624,29 @@ def test_evaluate_script_needs_no_torch():
     code = ("import sys, runpy; runpy.run_path('workflow/scripts/evaluate.py', run_name='not_main'); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+def test_finetune_starts_from_a_converted_released_model(world, tmp_path):
+    """pretrain.init_from: a released checkpoint (a cut-down stand-in of vl-bert-base-e2e.model) converted
+    by `python -m vlbert_core.convert vl-bert`, fine-tuned and used for predictions by the task code, with
+    its released heads and its BGR 0-255 Caffe pixels."""
+    from test_convert_vlbert import cut_down, load, write_released
+
+    from vlbert_core.convert.__main__ import main as convert_main
+    from vlbert_core.tasks.finetune import finetune, load_finetuned
+
+    root, sources = world
+    write_released(cut_down(load("vl-bert-base-e2e")), tmp_path / "vl-bert-base-e2e.model")
+    assert convert_main(["vl-bert", str(tmp_path / "vl-bert-base-e2e.model"), str(tmp_path / "released"),
+                         "--bert-path", SPEC]) == 0
+    meta = finetune("refcoco", tmp_path / "released", tmp_path / "ft", setting="released", schedule="full",
+                    schedule_factor=1.0, hparams={**HPARAMS, "batch_size": 4}, tune_frcnn=False,
+                    model_cfg={**MODEL_CFG, "task_heads": "released"}, sources=sources["refcoco"],
+                    rois_paths=[str(root / "rois/refcoco/train.parquet")], seed=0)
+    assert meta["setting"] == "released" and meta["total_steps"] >= 1
+    model, _ = load_finetuned(tmp_path / "ft")
+    assert model.vlbert.config.visual_backbone["pixel_format"] == "bgr255_caffe"
+    assert model.head.mlp.transform.layer_norm is None     # the released RefCOCO+ head
+    _evaluate(tmp_path / "ft", [("refcoco_det", "val")], tmp_path / "ev", sources["refcoco"],
+              [root / "rois/refcoco/val.parquet"])
+    _check_eval(tmp_path / "ev/refcoco_det/val.json", "refcoco_det", "accuracy@0.5", "val", 2)

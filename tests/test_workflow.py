@@ -43,7 +43,18 @@ def ci_run(tmp_path_factory):
     if proc.returncode != 0:
         logs = "\n".join(f"== {p}\n{p.read_text()[-3000:]}" for p in sorted(workdir.glob("logs/**/*.log"))[-5:])
         pytest.fail(f"workflow failed:\n{proc.stderr[-6000:]}\n{logs}")
+    (workdir.parent / "ci_run.stderr").write_text(proc.stderr)
     return workdir
+
+
+def test_a_finished_run_ends_with_where_the_results_are(ci_run):
+    tables = [f"results/tables/{t}.{ext}" for t in ("table1_vcr", "table2_vqa", "table3_refcoco", "table4_ablation")
+              for ext in ("csv", "md")]
+    lines = (ci_run.parent / "ci_run.stderr").read_text().rstrip().splitlines()
+    start = lines.index(f"Results (in {ci_run}):")
+    assert [line.strip() for line in lines[start + 1:start + 10]] == [*tables, REPORT]
+    # only Snakemake's own two closing lines (complete log, elapsed time) come after
+    assert len(lines) - (start + 10) <= 2
 
 
 def test_dry_run_of_the_default_config_plans_every_stage(tmp_path):

@@ -61,3 +61,18 @@ def load_pickle(path: str | os.PathLike, *, encoding: str = "latin1") -> Any:
             raise
         except Exception as e:  # truncated or not a pickle at all
             raise pickle.UnpicklingError(f"{path}: not a readable pickle ({type(e).__name__}: {e})") from e
+
+
+def load_torch_file(path: str | os.PathLike, what: str) -> Any:
+    """torch.load with weights_only=True (tensors and plain containers only, never code), on the CPU.
+    Any failure names the file and `what` it was meant to be (e.g. "a detector checkpoint")."""
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: {what} not found")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ValueError(f"{path}: not {what} readable with torch.load(weights_only=True) — only tensors and "
+                         f"plain containers are loaded ({type(e).__name__}: {str(e)[:300]})") from e

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import random
@@ -38,6 +39,9 @@ def get_logger(name: str) -> logging.Logger:
     return logging.getLogger("vlbert").getChild(name.removeprefix("vlbert_core."))
 
 
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to `path`; rename it into place only if the block succeeds.
@@ -51,6 +55,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, final)
+    except OSError as e:
+        if e.errno in DISK_FULL_ERRNOS:
+            # The OS error names neither the output nor what became of it.
+            raise OSError(e.errno, f"{final}: {e.strerror} while writing it; nothing was kept under that name. "
+                                   "Free space (or raise the quota) and run again") from e
+        raise
     finally:
         if tmp.exists():
             tmp.unlink()

@@ -102,10 +102,12 @@ def write_stand_in(manifest: Manifest, path: str | os.PathLike, seed: int = 0,
     return arrays
 
 
-def read_published(path: str | os.PathLike, wrap: tuple[str, ...]) -> dict[str, torch.Tensor]:
+def read_published(path: str | os.PathLike, wrap: tuple[str, ...],
+                   outside: list[str] | None = None) -> dict[str, torch.Tensor]:
     """The tensor dict of a published checkpoint, read without running code from it: torch files
-    with `weights_only=True`, pickles with the restricted unpickler. `wrap` as in the manifest."""
-    from ..safe_pickle import load_pickle
+    with `weights_only=True`, pickles with the restricted unpickler. `wrap` as in the manifest.
+    `outside`, if given, receives the top-level entries not on the `wrap` path (e.g. 'optimizer')."""
+    from ..safe_pickle import load_pickle, load_torch_file
 
     path = Path(path)
     if not path.is_file():
@@ -113,11 +115,9 @@ def read_published(path: str | os.PathLike, wrap: tuple[str, ...]) -> dict[str, 
     if path.suffix in (".pkl", ".p", ".pickle"):
         obj = load_pickle(path)
     else:
-        try:
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise ValueError(f"{path}: not a torch checkpoint readable with weights_only=True "
-                             f"({type(e).__name__}: {e})") from e
+        obj = load_torch_file(path, "a torch checkpoint")
+    if outside is not None and wrap and isinstance(obj, dict):
+        outside.extend(str(k) for k in obj if k != wrap[0])
     for key in wrap:
         if not isinstance(obj, dict) or key not in obj:
             found = sorted(obj)[:10] if isinstance(obj, dict) else type(obj).__name__

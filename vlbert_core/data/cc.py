@@ -25,7 +25,7 @@ log = get_logger(__name__)
 RESIZE_REQUIRED = ("max_side", "mode")
 RESIZE_OPTIONAL = ("max_pixels", "quality")
 DOWNLOAD_REQUIRED = ("timeout_s", "retries", "threads", "max_bytes")
-DOWNLOAD_OPTIONAL = ("backoff_s", "max_backoff_s", "max_redirects", "deadline_s", "user_agent")
+DOWNLOAD_OPTIONAL = ("backoff_s", "max_backoff_s", "max_redirects", "deadline_s", "user_agent", "allow_file_urls")
 _MAX_LOGGED_FAILURES = 10  # per shard at WARNING; the parquet has them all
 
 

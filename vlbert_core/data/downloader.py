@@ -1,13 +1,24 @@
 """Fetch image bytes from http(s):// and file:// URLs with timeouts, retries and a size cap.
 
-HTTP/1.1 is spoken by http1.Connection over keep-alive connections. A connection that served
-a complete response goes back to a small pool shared by the worker threads, keyed by scheme,
-host, port and proxy, so the images of one host cost one TCP (and TLS) handshake rather than one
-per image. A connection that saw any error is closed, never reused. Redirects are
-followed here: at most `max_redirects` hops, http/https targets only, relative Locations resolved
-against the URL that sent them, and a loop is stopped as soon as a URL comes round again.
-Proxies come from the environment (http_proxy, https_proxy, no_proxy), read the way urllib
-reads them.
+HTTP is urllib3's. One PoolManager (and one ProxyManager per proxy named in the environment)
+is shared by the worker threads and keeps keep-alive connections per host, so the images of one
+host cost one TCP (and TLS) handshake rather than one per image. Around urllib3 this module adds:
+- a deadline per attempt (_DeadlineWatch): a socket timeout bounds each read, not their sum, so
+  without it a server that drips its head or body a byte at a time holds a worker for ever;
+- strict chunk sizes (_Http11Response): http.client, which urllib3 reads HTTP/1.1 with,
+  parses a chunk size with int(x, 16), so "-5dc", "+5dc" and "0x5dc" pass, and a negative size
+  then reads on to the end of the connection, past any size cap (interim 1xx responses, such as
+  103 Early Hints, are skipped there too);
+- redirects followed by hand: at most `max_redirects` hops, http/https targets only, relative
+  Locations resolved against the URL that sent them, a loop stopped as soon as a URL comes round;
+- the size cap counted on decoded bytes: a body with Content-Encoding (gzip, deflate) is decoded
+  as it is read, so a decompression bomb stops at max_bytes.
+Proxies come from the environment (http_proxy, https_proxy, no_proxy), read the way urllib reads
+them; an https:// proxy is spoken to over TLS, so its credentials never cross the wire in clear.
+
+URL schemes: http and https, and file only when `allow_file_urls` is set (the synthetic world's
+TSVs point at local files; a real TSV must not make the downloader read them). Any other scheme,
+and a redirect to anything but http(s), is the status refused_scheme.
 
 Every outcome is one of the fixed status strings in `status.py`; nothing here raises for a bad URL or
 a bad server. Retries (with exponential back-off) happen only for failures that may go away: 5xx,
@@ -16,9 +27,11 @@ a bad server. Retries (with exponential back-off) happen only for failures that 
 
 from __future__ import annotations
 
-import base64
-import functools
+import heapq
+import http.client
+import itertools
 import os
+import re
 import socket
 import ssl
 import stat
@@ -26,25 +39,28 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from vlbert_core.data import http1
+import urllib3
+import urllib3.exceptions
+
 from vlbert_core.data import status as st
 from vlbert_core.utils import get_logger
 
 log = get_logger(__name__)
 
 USER_AGENT = "vlbert-pipeline/0.1 (+research reproduction)"
+HTTP_SCHEMES = ("http", "https")
 # Characters left as they are when a URL is re-quoted: URL syntax, and '%' so existing escapes survive.
 _URL_SAFE = ":/?#[]@!$&'()*+,;=%~"
-_REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
+REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # An error or redirect response's body up to this size is read and dropped so that its connection
-# can serve the next request; a longer (or unsized) one costs a new connection instead.
+# can serve the next request; a longer (or unsized, or encoded) one costs a new connection instead.
 _MAX_DISCARDED_BYTES = 64 * 1024
-# A reused connection that the server has meanwhile closed fails like this before any response
-# byte arrives; the request is then sent once more on a fresh connection.
-_STALE_CONNECTION_ERRORS = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
+_READ_BYTES = 1 << 20  # per read of a body: one read takes a whole image of typical size
+_MAX_CHUNK_LINE_BYTES = 4096
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")  # RFC 9112 1*HEXDIG, at most 2**64 - 1
 
 
 class FetchResult(NamedTuple):
@@ -61,27 +77,12 @@ class _Attempt(NamedTuple):
     retry_after_s: float | None = None  # the server's Retry-After, when it sent a usable one
 
 
-class _Proxy(NamedTuple):
-    host: str
-    port: int
-    authorization: str | None  # a Proxy-Authorization header value, from user:password in the proxy URL
-
-
-class _Route(NamedTuple):
-    """Where a request's connection goes; requests with equal routes can share a connection."""
-
-    scheme: str  # of the URL: http or https
-    host: str
-    port: int
-    proxy: _Proxy | None
-
-
 def _fail(status: str, error: str, transient: bool = False, retry_after_s: float | None = None) -> _Attempt:
     return _Attempt(FetchResult(None, status, error), transient, retry_after_s)
 
 
-def _retry_after_seconds(response: http1.Response) -> float | None:
-    value = response.header("Retry-After").strip()
+def _retry_after_seconds(headers: Any) -> float | None:
+    value = headers.get("Retry-After", "").strip()
     return float(value) if value.isdigit() else None
 
 
@@ -108,71 +109,205 @@ def normalize_http_url(url: str) -> str:
     )
 
 
-def _parse_proxy(setting: str) -> _Proxy:
-    """host, port and credentials of a proxy setting such as http://user:pw@proxy:3128 or proxy:3128."""
-    parts = urllib.parse.urlsplit(setting if "://" in setting else f"http://{setting}")
+# -- urllib3 pieces ------------------------------------------------------------------------------
+
+
+class BadChunkSize(http.client.HTTPException):
+    """A chunk-size line that is not 1 to 16 hex digits (a sign, a 0x prefix, spaces, too long)."""
+
+
+class _Http11Response(http.client.HTTPResponse):
+    """http.client's response, with chunk sizes read as RFC 9112 writes them, and every interim
+    1xx response skipped (http.client skips only 100 Continue, and returns 103 Early Hints)."""
+
+    def _read_status(self) -> tuple[str, int, str]:
+        while True:
+            version, status, reason = super()._read_status()
+            if status in (100, 101) or not 100 <= status < 200:
+                return version, status, reason  # http.client's begin() skips 100 itself
+            http.client.parse_headers(self.fp)  # the interim response's headers, dropped
+
+    def _read_next_chunk_size(self) -> int:
+        line = self.fp.readline(_MAX_CHUNK_LINE_BYTES + 1)
+        if not line:
+            raise ValueError("connection closed before a chunk size")  # http.client: IncompleteRead
+        if len(line) > _MAX_CHUNK_LINE_BYTES:
+            self._close_conn()
+            raise BadChunkSize(f"chunk-size line longer than {_MAX_CHUNK_LINE_BYTES} bytes")
+        size = line.split(b";", 1)[0].strip()
+        if _CHUNK_SIZE.fullmatch(size) is None:
+            self._close_conn()
+            raise BadChunkSize(f"bad chunk size {size[:40]!r}")
+        return int(size, 16)
+
+
+class _AttemptClock:
+    """One attempt's deadline, and the socket that the deadline watch shuts down when it passes."""
+
+    __slots__ = ("deadline", "sock", "expired", "done")
+
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+        self.sock: Any = None
+        self.expired = False
+        self.done = False
+
+
+def _shut_down(sock: Any) -> None:
+    # urllib3 wraps TLS-in-TLS (https through an https proxy) around an SSLSocket: find the socket.
+    while sock is not None and not isinstance(sock, socket.socket):
+        sock = getattr(sock, "socket", None)
+    if sock is None:
+        return
     try:
-        port = parts.port or _DEFAULT_PORTS.get(parts.scheme.lower(), 80)
-    except ValueError as err:
-        raise ValueError(f"proxy setting {setting!r} from the environment: {err}") from None
-    if not parts.hostname:
-        raise ValueError(f"proxy setting {setting!r} from the environment names no host")
-    authorization = None
-    if parts.username is not None:
-        credentials = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
-        authorization = "Basic " + base64.b64encode(credentials.encode("utf-8")).decode("ascii")
-    return _Proxy(parts.hostname, port, authorization)
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:
+        pass  # closed meanwhile: nothing is blocked on it any more
 
 
-class _IdleConnections:
-    """Keep-alive connections not in use, shared by the worker threads.
+class _DeadlineWatch:
+    """Ends HTTP attempts that outlive their deadline.
 
-    One connection serves one request at a time: `take` hands it to one thread, and that thread
-    `put`s it back only after reading its response to the end. Beyond `limit` idle connections
-    the least recently returned host loses its oldest one, so a shard over millions of hosts
-    holds a bounded number of sockets.
+    The thread running an attempt `begin`s it; the connection carrying it `bind`s its socket
+    (`_StrictConnection.request`, once connected); a watcher thread shuts that socket down when
+    the deadline passes, so whatever read is blocked returns at once, and `end` tells the attempt
+    whether that happened. The watcher runs while attempts are pending and stops after the last.
     """
 
-    def __init__(self, limit: int):
-        self.limit = limit
-        self._lock = threading.Lock()
-        self._idle: dict[_Route, list[http1.Connection]] = {}  # least recently returned first
-        self._count = 0
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._pending: list[tuple[float, int, _AttemptClock]] = []  # a heap by deadline
+        self._order = itertools.count()
+        self._current = threading.local()  # .clock: the attempt this thread runs
+        self._watching = False
 
-    def take(self, route: _Route) -> http1.Connection | None:
-        with self._lock:
-            connections = self._idle.get(route)
-            if not connections:
-                return None
-            connection = connections.pop()
-            if not connections:
-                del self._idle[route]
-            self._count -= 1
-            return connection
+    def begin(self, deadline: float) -> _AttemptClock:
+        clock = _AttemptClock(deadline)
+        self._current.clock = clock
+        with self._condition:
+            heapq.heappush(self._pending, (deadline, next(self._order), clock))
+            if not self._watching:
+                self._watching = True
+                threading.Thread(target=self._watch, name="download-deadlines", daemon=True).start()
+            elif self._pending[0][2] is clock:
+                self._condition.notify()
+        return clock
 
-    def put(self, route: _Route, connection: http1.Connection) -> None:
-        evicted = None
-        with self._lock:
-            connections = self._idle.pop(route, [])
-            connections.append(connection)
-            self._idle[route] = connections  # re-inserted last: most recently returned
-            self._count += 1
-            if self._count > self.limit:
-                oldest_route = next(iter(self._idle))
-                oldest = self._idle[oldest_route]
-                evicted = oldest.pop(0)
-                if not oldest:
-                    del self._idle[oldest_route]
-                self._count -= 1
-        if evicted is not None:
-            evicted.close()
+    def bind(self, sock: Any) -> None:
+        clock = getattr(self._current, "clock", None)
+        if clock is None or sock is None:
+            return
+        with self._condition:
+            if clock.done:
+                return
+            clock.sock = sock
+            if clock.expired:
+                _shut_down(sock)
 
-    def close(self) -> None:
-        with self._lock:
-            idle, self._idle, self._count = self._idle, {}, 0
-        for connections in idle.values():
-            for connection in connections:
-                connection.close()
+    def end(self, clock: _AttemptClock) -> bool:
+        """Stop watching `clock`; True when its deadline passed (its socket was shut down)."""
+        with self._condition:
+            clock.done = True
+            clock.sock = None
+        self._current.clock = None
+        return clock.expired
+
+    def _watch(self) -> None:
+        with self._condition:
+            while self._pending:
+                deadline, _, clock = self._pending[0]
+                wait = deadline - time.monotonic()
+                if wait > 0:
+                    self._condition.wait(wait)
+                    continue
+                heapq.heappop(self._pending)
+                if not clock.done:
+                    clock.expired = True
+                    if clock.sock is not None:
+                        _shut_down(clock.sock)
+            self._watching = False
+
+
+class _StrictConnection:
+    """Mixed into urllib3's connections: responses read by _Http11Response and, given a deadline
+    watch, the socket put under it for each request."""
+
+    deadline_watch: _DeadlineWatch | None = None  # set per downloader by _pool_classes
+    response_class = _Http11Response
+
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        super().request(*args, **kwargs)  # connects first when the connection is new
+        if self.deadline_watch is not None:
+            self.deadline_watch.bind(self.sock)
+
+
+def _pool_classes(watch: _DeadlineWatch | None) -> dict[str, type]:
+    """urllib3 pool classes whose connections are _StrictConnections reporting to `watch`."""
+    pools = {}
+    for scheme, pool_class in (("http", urllib3.HTTPConnectionPool), ("https", urllib3.HTTPSConnectionPool)):
+        connection_class = type(
+            f"Strict{pool_class.ConnectionCls.__name__}",
+            (_StrictConnection, pool_class.ConnectionCls),
+            {"deadline_watch": watch},
+        )
+        pools[scheme] = type(f"Strict{pool_class.__name__}", (pool_class,), {"ConnectionCls": connection_class})
+    return pools
+
+
+class HttpPools:
+    """urllib3 managers shared by threads: one for direct requests and one per proxy that the
+    environment names (http_proxy, https_proxy; no_proxy is honoured per URL). Read once, like
+    urllib's ProxyHandler does when its opener is built. A proxy given without a scheme is http://.
+    Their connections read chunk sizes strictly; given a `deadline_watch`, they report to it."""
+
+    def __init__(self, *, num_pools: int, maxsize: int, deadline_watch: _DeadlineWatch | None = None):
+        self.ssl_context = ssl.create_default_context()  # honours SSL_CERT_FILE, like urllib
+        options: dict[str, Any] = {"num_pools": num_pools, "maxsize": maxsize, "ssl_context": self.ssl_context}
+        self.direct = urllib3.PoolManager(**options)
+        self.proxied: dict[str, urllib3.ProxyManager] = {}
+        for scheme, setting in urllib.request.getproxies().items():
+            if scheme in HTTP_SCHEMES and setting:
+                self.proxied[scheme] = _proxy_manager(scheme, setting, options)
+        pool_classes = _pool_classes(deadline_watch)
+        for manager in (self.direct, *self.proxied.values()):
+            manager.pool_classes_by_scheme = pool_classes
+
+    def for_url(self, url: str) -> urllib3.PoolManager:
+        parts = urllib.parse.urlsplit(url)
+        proxy = self.proxied.get(parts.scheme.lower())
+        if proxy is not None and not urllib.request.proxy_bypass(parts.netloc.rpartition("@")[2]):
+            return proxy
+        return self.direct
+
+    def clear(self) -> None:
+        for manager in (self.direct, *self.proxied.values()):
+            manager.clear()
+
+
+def _proxy_manager(for_scheme: str, setting: str, options: dict[str, Any]) -> urllib3.ProxyManager:
+    """A ProxyManager for a setting such as http://user:pw@proxy:3128, https://proxy or proxy:3128."""
+    parts = urllib.parse.urlsplit(setting if "://" in setting else f"http://{setting}")
+    scheme = parts.scheme.lower()
+    where = f"{for_scheme}_proxy from the environment"  # never the setting itself: it may hold a password
+    if scheme not in HTTP_SCHEMES:
+        raise ValueError(f"{where}: proxy scheme {scheme!r} is not supported (http or https)")
+    try:
+        port = parts.port or _DEFAULT_PORTS[scheme]
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+    if not parts.hostname:
+        raise ValueError(f"{where} names no host")
+    headers = {}
+    if parts.username is not None:
+        credentials = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        headers = urllib3.make_headers(proxy_basic_auth=credentials)
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return urllib3.ProxyManager(
+        f"{scheme}://{host}:{port}", proxy_headers=headers, proxy_ssl_context=options["ssl_context"], **options
+    )
+
+
+# -- the downloader ------------------------------------------------------------------------------
 
 
 class Downloader:
@@ -180,10 +315,11 @@ class Downloader:
 
     timeout_s bounds each socket operation (connect, each read); `deadline_s` (default 4 x
     timeout_s) bounds one whole attempt, redirects included, so a server dripping bytes cannot
-    hold a worker forever. `retries` extra attempts follow a transient failure, after
+    hold a worker for ever. `retries` extra attempts follow a transient failure, after
     backoff_s * 2**attempt seconds (or the server's Retry-After), capped at max_backoff_s.
     `threads` is the pool size that callers (download_cc_shard) use with this downloader; it also
-    sizes the pool of idle keep-alive connections. `close()` (or a `with` block) closes those.
+    sizes urllib3's connection pools. `allow_file_urls` lets file:// URLs be read (local files).
+    `close()` (or a `with` block) closes the idle connections.
     """
 
     def __init__(
@@ -198,6 +334,7 @@ class Downloader:
         max_redirects: int = 5,
         deadline_s: float | None = None,
         user_agent: str = USER_AGENT,
+        allow_file_urls: bool = False,
     ):
         if timeout_s <= 0:
             raise ValueError(f"download timeout_s must be > 0, got {timeout_s}")
@@ -213,6 +350,8 @@ class Downloader:
             raise ValueError(f"download max_redirects must be >= 0, got {max_redirects}")
         if deadline_s is not None and deadline_s <= 0:
             raise ValueError(f"download deadline_s must be > 0, got {deadline_s}")
+        if not isinstance(allow_file_urls, bool):
+            raise ValueError(f"download allow_file_urls must be true or false, got {allow_file_urls!r}")
         self.timeout_s = float(timeout_s)
         self.retries = int(retries)
         self.max_bytes = int(max_bytes)
@@ -221,27 +360,18 @@ class Downloader:
         self.max_backoff_s = float(max_backoff_s)
         self.max_redirects = int(max_redirects)
         self.deadline_s = float(deadline_s) if deadline_s is not None else 4.0 * self.timeout_s
+        self.allow_file_urls = allow_file_urls
         if not user_agent.isprintable() or not user_agent.isascii():
             raise ValueError(f"download user_agent must be printable ASCII, got {user_agent!r}")
         self.user_agent = user_agent
-        # identity: a compressed body would need decoding, and images do not compress anyway.
+        # identity: images do not compress; a server that encodes anyway is decoded (and capped).
         self._headers = {"User-Agent": user_agent, "Accept": "image/*,*/*;q=0.8", "Accept-Encoding": "identity"}
-        # Read once, like urllib's ProxyHandler does when its opener is built.
-        self._proxies = {
-            scheme: _parse_proxy(setting)
-            for scheme, setting in urllib.request.getproxies().items()
-            if scheme in ("http", "https") and setting
-        }
-        self._idle = _IdleConnections(limit=2 * self.threads)
-
-    @functools.cached_property
-    def _ssl_context(self) -> ssl.SSLContext:
-        # Built on the first https URL: loading the CA store costs tens of ms, wasted on an http-only shard.
-        return ssl.create_default_context()
+        self._watch = _DeadlineWatch()
+        self._pools = HttpPools(num_pools=max(10, 2 * self.threads), maxsize=self.threads, deadline_watch=self._watch)
 
     def close(self) -> None:
         """Close the idle keep-alive connections (call it when no fetch is running)."""
-        self._idle.close()
+        self._pools.clear()
 
     def __enter__(self) -> Downloader:
         return self
@@ -251,12 +381,22 @@ class Downloader:
 
     def fetch(self, url: str) -> FetchResult:
         """Fetch one URL; never raises for network, server or file-system trouble."""
-        scheme = urllib.parse.urlsplit(url).scheme.lower()
-        if scheme == "file":
-            return self._fetch_file(url)
-        if scheme in ("http", "https"):
+        try:
+            scheme = urllib.parse.urlsplit(url).scheme.lower()
+        except ValueError as err:
+            return FetchResult(None, st.UNSUPPORTED_URL, f"invalid URL ({err}): {url[:200]}")
+        if scheme in HTTP_SCHEMES:
             return self._fetch_http(url)
-        return FetchResult(None, st.UNSUPPORTED_URL, f"unsupported URL scheme {scheme!r}: {url[:200]}")
+        if scheme == "file" and self.allow_file_urls:
+            return self._fetch_file(url)
+        if scheme == "file":
+            return FetchResult(
+                None, st.REFUSED_SCHEME, f"file:// URLs are refused (cc.download.allow_file_urls is false): {url[:200]}"
+            )
+        if not scheme:
+            return FetchResult(None, st.UNSUPPORTED_URL, f"not an absolute URL: {url[:200]}")
+        accepted = ", ".join(HTTP_SCHEMES + (("file",) if self.allow_file_urls else ()))
+        return FetchResult(None, st.REFUSED_SCHEME, f"URL scheme {scheme!r} is refused (only {accepted}): {url[:200]}")
 
     # -- file:// -------------------------------------------------------------------------------
 
@@ -308,138 +448,134 @@ class Downloader:
 
     def _attempt_http(self, url: str) -> _Attempt:
         """One attempt: the request, and the redirects it leads to, within one deadline."""
-        started = time.monotonic()
+        deadline = time.monotonic() + self.deadline_s
+        clock = self._watch.begin(deadline)
+        try:
+            outcome = self._follow_redirects(url, deadline)
+        finally:
+            expired = self._watch.end(clock)
+        if expired:  # whatever was read: a body cut off by the watch can look complete
+            return _fail(st.TIMEOUT, f"transfer took longer than the deadline {self.deadline_s:g}s", transient=True)
+        return outcome
+
+    def _follow_redirects(self, url: str, deadline: float) -> _Attempt:
         visited = {url}
         for _hop in range(self.max_redirects + 1):
-            outcome = self._request(url, started)
+            outcome = self._request(url, deadline)
             if isinstance(outcome, _Attempt):
                 return outcome
             location = outcome
             try:
                 target = normalize_http_url(urllib.parse.urljoin(url, location))
+                scheme = urllib.parse.urlsplit(target).scheme.lower()
             except (ValueError, UnicodeError) as err:
                 return _fail(st.HTTP_ERROR, f"redirect to an invalid URL {location[:200]!r}: {err}")
-            if urllib.parse.urlsplit(target).scheme.lower() not in ("http", "https"):
-                return _fail(st.HTTP_ERROR, f"redirect to a URL that is not http(s): {target[:200]}")
+            if scheme not in HTTP_SCHEMES:
+                return _fail(st.REFUSED_SCHEME, f"redirect to a {scheme or 'scheme-less'} URL refused: {target[:200]}")
             if target in visited:
                 return _fail(st.HTTP_ERROR, f"redirect loop: {url[:200]} -> {target[:200]}")
             visited.add(target)
             url = target
         return _fail(st.HTTP_ERROR, f"too many redirects (more than max_redirects {self.max_redirects})")
 
-    def _route(self, url: str) -> tuple[_Route, str, str]:
-        """The connection route of `url`, the request-target and the Host header (ValueError for a bad URL)."""
-        parts = urllib.parse.urlsplit(url)
-        scheme = parts.scheme.lower()
-        host = parts.hostname
-        if not host:
-            raise ValueError("no host")
-        port = parts.port or _DEFAULT_PORTS[scheme]  # .port raises ValueError for a bad port
-        hostport = parts.netloc.rpartition("@")[2]
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        proxy = self._proxies.get(scheme)
-        if proxy is not None and urllib.request.proxy_bypass(hostport):
-            proxy = None
-        if proxy is not None and scheme == "http":
-            # A plain-HTTP proxy takes the absolute URL; https goes through a CONNECT tunnel instead.
-            target = f"http://{hostport}{target}"
-        http1.check_request_text("URL host", hostport)
-        http1.check_request_text("URL path", target)
-        return _Route(scheme, host, port, proxy), target, hostport
-
-    def _new_connection(self, route: _Route, deadline: float) -> http1.Connection:
-        direct = route.proxy is None
-        host, port = (route.host, route.port) if direct else (route.proxy.host, route.proxy.port)
-        if route.scheme != "https":
-            return http1.Connection.open(host, port, self.timeout_s, deadline)
-        tunnel = None
-        if not direct:  # the proxy itself is spoken to in plain HTTP, and asked for a tunnel
-            authority = f"[{route.host}]:{route.port}" if ":" in route.host else f"{route.host}:{route.port}"
-            tunnel_headers = {"Proxy-Authorization": route.proxy.authorization} if route.proxy.authorization else {}
-            tunnel = (authority, tunnel_headers)
-        return http1.Connection.open(
-            host, port, self.timeout_s, deadline, tls=self._ssl_context, tls_host=route.host, tunnel=tunnel
-        )
-
-    def _request(self, url: str, started: float) -> _Attempt | str:
+    def _request(self, url: str, deadline: float) -> _Attempt | str:
         """GET `url` once; an _Attempt, or the Location of a redirect to follow."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return _fail(st.TIMEOUT, f"transfer took longer than the deadline {self.deadline_s:g}s", transient=True)
+        response = None
         try:
-            route, target, host = self._route(url)
-        except (ValueError, KeyError) as err:
-            return _fail(st.UNSUPPORTED_URL, f"invalid URL ({err}): {url[:200]}")
-        headers = self._headers
-        if route.proxy is not None and route.scheme == "http" and route.proxy.authorization:
-            headers = {**headers, "Proxy-Authorization": route.proxy.authorization}
-        deadline = started + self.deadline_s
-        connection = self._idle.take(route)
-        keep_alive = False
-        try:
-            if connection is not None:
-                connection.deadline = deadline
-                try:
-                    connection.send_request("GET", target, host, headers)
-                    response = connection.read_head()
-                except _STALE_CONNECTION_ERRORS:
-                    connection.close()
-                    connection = None
-            if connection is None:
-                connection = self._new_connection(route, deadline)
-                connection.send_request("GET", target, host, headers)
-                response = connection.read_head()
-            outcome, keep_alive = self._read_response(connection, response)
-            return outcome
-        except http1.BodyTooLarge:
-            return _fail(st.TOO_LARGE, f"body exceeds max_bytes {self.max_bytes}")
-        except http1.DeadlineExceeded:
-            return _fail(st.TIMEOUT, f"transfer took longer than {self.deadline_s:g}s", transient=True)
-        except http1.IncompleteBody as err:
-            return _fail(st.CONNECTION_ERROR, str(err), transient=True)
-        except http1.ProtocolError as err:
-            return _fail(st.CONNECTION_ERROR, f"bad HTTP response: {err}")
-        except OSError as err:
-            return self._classify_os_error(err)
-        except (ValueError, UnicodeError) as err:
-            return _fail(st.UNSUPPORTED_URL, f"invalid URL: {err}")
+            response = self._pools.for_url(url).request(
+                "GET",
+                url,
+                headers=self._headers,
+                redirect=False,
+                retries=False,
+                preload_content=False,
+                decode_content=True,
+                timeout=urllib3.Timeout(connect=min(self.timeout_s, remaining), read=self.timeout_s),
+            )
+            return self._read_response(response)
+        except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError, ValueError) as err:
+            return self._classify_error(err)
         finally:
-            if connection is not None:
-                if keep_alive:
-                    self._idle.put(route, connection)
-                else:
-                    connection.close()
+            if response is not None:
+                response.release_conn()  # back to the pool if read to the end, else already closed
 
-    def _read_response(self, connection: http1.Connection, response: http1.Response) -> tuple[_Attempt | str, bool]:
-        """The outcome (or a redirect's Location) and whether the connection may serve another request."""
-        code = response.code
+    def _read_response(self, response: urllib3.BaseHTTPResponse) -> _Attempt | str:
+        code = response.status
         if 200 <= code < 300:
-            if response.length is not None and response.length > self.max_bytes:
-                return _fail(st.TOO_LARGE, f"Content-Length {response.length} > max_bytes {self.max_bytes}"), False
-            data = connection.read_body(response, self.max_bytes)
-            return _Attempt(FetchResult(data, st.OK, ""), False), connection.reusable(response)
-        reusable = connection.discard_body(response, _MAX_DISCARDED_BYTES)
-        if code in _REDIRECT_CODES:
-            location = response.header("Location")
+            return self._read_body(response)
+        self._discard_body(response)
+        if code in REDIRECT_CODES:
+            location = response.headers.get("Location", "")
             if not location:
-                return _fail(st.HTTP_ERROR, f"HTTP {code} redirect without a Location header"), reusable
-            return location, reusable
-        return self._classify_http_status(code, response.reason, response), reusable
+                return _fail(st.HTTP_ERROR, f"HTTP {code} redirect without a Location header")
+            return location
+        return self._classify_http_status(code, response.reason or "", response.headers)
+
+    def _read_body(self, response: urllib3.BaseHTTPResponse) -> _Attempt:
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        encoded = encoding not in ("", "identity")
+        length = response.length_remaining  # Content-Length; None when chunked or unframed
+        if not encoded and length is not None and length > self.max_bytes:
+            response.close()
+            return _fail(st.TOO_LARGE, f"Content-Length {length} > max_bytes {self.max_bytes}")
+        parts, size = [], 0
+        # Never ask for more than one byte past the cap: that byte is the proof of "too large".
+        while chunk := response.read(min(_READ_BYTES, self.max_bytes + 1 - size)):
+            size += len(chunk)
+            if size > self.max_bytes:
+                response.close()
+                decoded = f" after {encoding} decoding" if encoded else ""
+                return _fail(st.TOO_LARGE, f"body exceeds max_bytes {self.max_bytes}{decoded}")
+            parts.append(chunk)
+        return _Attempt(FetchResult(b"".join(parts), st.OK, ""), False)
 
     @staticmethod
-    def _classify_http_status(code: int, reason: str, response: http1.Response) -> _Attempt:
+    def _discard_body(response: urllib3.BaseHTTPResponse) -> None:
+        length = response.length_remaining
+        if length is not None and length <= _MAX_DISCARDED_BYTES and "Content-Encoding" not in response.headers:
+            response.drain_conn()  # a short body: read it so that the connection serves the next request
+        else:
+            response.close()
+
+    @staticmethod
+    def _classify_http_status(code: int, reason: str, headers: Any) -> _Attempt:
         if code in (404, 410):
             return _fail(st.NOT_FOUND, f"HTTP {code} {reason}")
         if 300 <= code < 400:  # 300, 304, 305...: nothing this client can follow
             return _fail(st.HTTP_ERROR, f"redirect failed: HTTP {code} {reason}")
         transient = code >= 500 or code in (408, 429)
-        return _fail(st.HTTP_ERROR, f"HTTP {code} {reason}", transient, _retry_after_seconds(response))
+        return _fail(st.HTTP_ERROR, f"HTTP {code} {reason}", transient, _retry_after_seconds(headers))
 
     @staticmethod
-    def _classify_os_error(err: BaseException) -> _Attempt:
-        if isinstance(err, TimeoutError):  # socket.timeout is TimeoutError since Python 3.10
-            return _fail(st.TIMEOUT, f"timed out: {err}", transient=True)
-        if isinstance(err, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)):
-            return _fail(st.CONNECTION_ERROR, f"{type(err).__name__}: {err}", transient=True)
-        if isinstance(err, socket.gaierror):
+    def _classify_error(err: BaseException) -> _Attempt:
+        errors = urllib3.exceptions
+        # Order matters: NameResolutionError is a NewConnectionError, which is a ConnectTimeoutError.
+        if isinstance(err, errors.NameResolutionError):
             return _fail(st.CONNECTION_ERROR, f"DNS lookup failed: {err}")
-        if isinstance(err, ssl.SSLError):
+        if isinstance(err, errors.NewConnectionError):
+            return _fail(st.CONNECTION_ERROR, f"cannot connect: {err}")
+        if isinstance(err, (errors.TimeoutError, TimeoutError)):  # connect or read timeout
+            return _fail(st.TIMEOUT, f"timed out: {err}", transient=True)
+        if isinstance(err, (errors.SSLError, ssl.SSLError)):
             return _fail(st.CONNECTION_ERROR, f"TLS error: {err}")
-        return _fail(st.CONNECTION_ERROR, f"{type(err).__name__}: {err}")
+        if isinstance(err, errors.ProxyError):
+            return _fail(st.CONNECTION_ERROR, f"proxy failed: {err}")
+        if isinstance(err, ValueError):  # LocationParseError, InvalidURL: the URL, not the server
+            return _fail(st.UNSUPPORTED_URL, f"invalid URL: {err}")
+        if isinstance(err, errors.ProtocolError):
+            cause = err.args[1] if len(err.args) > 1 else err.__cause__
+            if isinstance(cause, http.client.IncompleteRead):
+                return _fail(st.CONNECTION_ERROR, f"connection closed mid-body: {cause!r}", transient=True)
+            if isinstance(cause, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)):
+                return _fail(st.CONNECTION_ERROR, f"{type(cause).__name__}: {cause}", transient=True)
+            if isinstance(cause, TimeoutError):
+                return _fail(st.TIMEOUT, f"timed out: {cause}", transient=True)
+            if isinstance(cause, http.client.InvalidURL):
+                return _fail(st.UNSUPPORTED_URL, f"invalid URL: {cause}")
+            return _fail(st.CONNECTION_ERROR, f"bad HTTP response: {cause if cause is not None else err}")
+        if isinstance(err, ConnectionError):
+            return _fail(st.CONNECTION_ERROR, f"{type(err).__name__}: {err}")
+        return _fail(st.CONNECTION_ERROR, f"bad HTTP response: {type(err).__name__}: {err}")

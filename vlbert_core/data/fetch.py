@@ -1,9 +1,9 @@
 """Download one large source file (a CC TSV, the BooksCorpus archive, a Wikipedia dump) with resume.
 
 The bytes go to `<path>.part` next to the target. When a transfer breaks, the next attempt, or the
-next run of the job, asks the server for the rest with an HTTP Range request and appends to the
-part file; a server that ignores the range (200 instead of 206) makes it start over. Only a
-complete file, whose size matches what the server announced (and the config's `bytes`) and whose
+next run of the job, asks the server for the rest with an HTTP Range request (urllib3, with the
+downloader's strict connections and proxies from the environment) and appends to the part file;
+a server that ignores the range (200 instead of 206) makes it start over. Only a complete file, whose size matches what the server announced (and the config's `bytes`) and whose
 checksum matches the config's `checksum`, is renamed to the target. A mismatch deletes the part
 file, so the next run downloads afresh, and fails with both values in the message.
 """
@@ -14,17 +14,19 @@ import hashlib
 import http.client
 import os
 import re
+import shutil
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+import urllib3
+import urllib3.exceptions
 from tqdm import tqdm
 
-from vlbert_core.data.downloader import USER_AGENT
+from vlbert_core.data.downloader import HTTP_SCHEMES, REDIRECT_CODES, USER_AGENT, HttpPools
 from vlbert_core.utils import get_logger
 
 log = get_logger(__name__)
@@ -32,6 +34,7 @@ log = get_logger(__name__)
 CHECKSUM_ALGORITHMS = ("md5", "sha1", "sha256")
 _CHUNK_BYTES = 1 << 20
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+_MAX_REDIRECTS = 10
 
 
 class FetchError(RuntimeError):
@@ -71,13 +74,9 @@ def _file_digest(path: Path, algorithm: str) -> str:
     return digest.hexdigest()
 
 
-def _status(response) -> int:
-    return getattr(response, "status", None) or 200  # file:// responses carry no status
-
-
-def _total_size(response, offset: int) -> int | None:
+def _total_size(response: urllib3.BaseHTTPResponse, offset: int) -> int | None:
     """The full file size the server announced, from Content-Range (206) or Content-Length (200)."""
-    if _status(response) == 206:
+    if response.status == 206:
         match = _CONTENT_RANGE.fullmatch(response.headers.get("Content-Range", "").strip())
         if not match or int(match.group(1)) != offset:
             raise FetchError(f"server answered a range request from byte {offset} with "
@@ -87,22 +86,57 @@ def _total_size(response, offset: int) -> int | None:
     return int(length) if length.isdigit() else None
 
 
-def _attempt(spec: FetchSpec, part: Path, timeout_s: float) -> int | None:
+class _TransientError(Exception):
+    """A failure worth another attempt (5xx, 408, 429, a broken connection); the message says which."""
+
+
+def _get(pools: HttpPools, url: str, headers: dict[str, str], timeout_s: float) -> urllib3.BaseHTTPResponse:
+    """GET `url`, following up to _MAX_REDIRECTS redirects to http(s) URLs; the body is left unread."""
+    for _hop in range(_MAX_REDIRECTS + 1):
+        response = pools.for_url(url).request(
+            "GET", url, headers=headers, redirect=False, retries=False, preload_content=False,
+            decode_content=False, timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s),
+        )
+        location = response.headers.get("Location") if response.status in REDIRECT_CODES else None
+        if not location:
+            return response
+        response.close()
+        target = urllib.parse.urljoin(url, location)
+        if urllib.parse.urlsplit(target).scheme.lower() not in HTTP_SCHEMES:
+            raise FetchError(f"{url}: redirect to {target[:200]!r} refused (http or https only)")
+        url = target
+    raise FetchError(f"{url}: more than {_MAX_REDIRECTS} redirects")
+
+
+def _copy_file(spec: FetchSpec, part: Path) -> int:
+    """A file:// source (a configured local copy): copied whole, its size returned."""
+    parts = urllib.parse.urlsplit(spec.url)
+    source = urllib.request.url2pathname(parts.path)
+    if parts.netloc not in ("", "localhost") or not os.path.isabs(source):
+        raise FetchError(f"{spec.url}: a file URL must name an absolute local path")
+    try:
+        shutil.copyfile(source, part)
+    except OSError as err:
+        raise FetchError(f"{spec.url}: cannot copy {source}: {err.strerror or err}") from err
+    return part.stat().st_size
+
+
+def _attempt(spec: FetchSpec, part: Path, pools: HttpPools, timeout_s: float) -> int | None:
     """Continue the part file from where it ends; return the total size the server announced."""
     offset = part.stat().st_size if part.exists() else 0
-    headers = {"User-Agent": USER_AGENT}
+    headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}  # the bytes as the checksum knows them
     if offset:
         headers["Range"] = f"bytes={offset}-"
-    request = urllib.request.Request(spec.url, headers=headers)
+    response = _get(pools, spec.url, headers, timeout_s)
     try:
-        response = urllib.request.urlopen(request, timeout=timeout_s)
-    except urllib.error.HTTPError as err:
-        if err.code == 416 and offset:  # nothing left to send: the part file may be complete already
-            err.close()
+        if response.status == 416 and offset:  # nothing left to send: the part file may be complete already
             return offset
-        raise
-    with response:
-        if offset and _status(response) == 200:
+        if response.status not in (200, 206):
+            problem = f"HTTP {response.status} {response.reason}"
+            if response.status >= 500 or response.status in (408, 429):
+                raise _TransientError(problem)
+            raise FetchError(f"{spec.url}: {problem}")
+        if offset and response.status == 200:
             log.warning("%s ignores range requests; starting again from byte 0", spec.url)
             offset = 0
         total = _total_size(response, offset)
@@ -110,35 +144,35 @@ def _attempt(spec: FetchSpec, part: Path, timeout_s: float) -> int | None:
         with open(part, mode) as handle, tqdm(
             total=total, initial=offset, unit="B", unit_scale=True, desc=Path(spec.path).name, mininterval=5.0
         ) as progress:
-            while chunk := response.read(_CHUNK_BYTES):
-                handle.write(chunk)
-                progress.update(len(chunk))
+            try:
+                while chunk := response.read(_CHUNK_BYTES):
+                    handle.write(chunk)
+                    progress.update(len(chunk))
+            except urllib3.exceptions.ProtocolError as err:  # a short body, a reset: resume from here
+                handle.flush()
+                raise _TransientError(f"connection closed at byte {part.stat().st_size} of {total}: {err}") from err
+    finally:
+        response.close()
+        response.release_conn()
     size = part.stat().st_size
-    if total is not None and size < total:  # http.client ends a short body quietly: resume it
-        raise ConnectionError(f"connection closed at byte {size} of {total}")
+    if total is not None and size < total:
+        raise _TransientError(f"connection closed at byte {size} of {total}")
     return total
 
 
-def fetch_file(spec: FetchSpec, *, timeout_s: float = 60.0, attempts: int = 5, backoff_s: float = 5.0) -> Path:
-    """Download spec.url to spec.path, resuming a previous part file; return the path."""
-    target = Path(spec.path)
-    part = target.with_name(target.name + ".part")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    parsed = urllib.parse.urlsplit(spec.url)
-    if parsed.scheme not in ("http", "https", "file"):
-        raise FetchError(f"{spec.url}: unsupported URL scheme {parsed.scheme!r} (http, https or file)")
-
-    total = None
-    for attempt in range(1, attempts + 1):
+def _fetch_with_retries(
+    spec: FetchSpec, part: Path, scheme: str, pools: HttpPools, timeout_s: float, attempts: int, backoff_s: float
+) -> int | None:
+    """The part file completed (as far as the server says); the total size it announced."""
+    attempt = 0
+    while True:
+        attempt += 1
         try:
-            total = _attempt(spec, part, timeout_s)
-            break
-        except urllib.error.HTTPError as err:
-            if err.code < 500 and err.code not in (408, 429):
-                raise FetchError(f"{spec.url}: HTTP {err.code} {err.reason}") from err
-            problem = f"HTTP {err.code} {err.reason}"
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
-            problem = f"{type(err).__name__}: {getattr(err, 'reason', err)}"
+            return _copy_file(spec, part) if scheme == "file" else _attempt(spec, part, pools, timeout_s)
+        except _TransientError as err:
+            problem = str(err)
+        except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as err:
+            problem = f"{type(err).__name__}: {err}"
         have = part.stat().st_size if part.exists() else 0
         if attempt == attempts:
             raise FetchError(
@@ -148,6 +182,22 @@ def fetch_file(spec: FetchSpec, *, timeout_s: float = 60.0, attempts: int = 5, b
         delay = backoff_s * 2 ** (attempt - 1)
         log.warning("%s: attempt %d failed (%s) with %d bytes so far; resuming in %.1fs", spec.url, attempt, problem, have, delay)
         time.sleep(delay)
+
+
+def fetch_file(spec: FetchSpec, *, timeout_s: float = 60.0, attempts: int = 5, backoff_s: float = 5.0) -> Path:
+    """Download spec.url to spec.path, resuming a previous part file; return the path."""
+    target = Path(spec.path)
+    part = target.with_name(target.name + ".part")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scheme = urllib.parse.urlsplit(spec.url).scheme.lower()
+    if scheme not in (*HTTP_SCHEMES, "file"):
+        raise FetchError(f"{spec.url}: unsupported URL scheme {scheme!r} (http, https or file)")
+
+    pools = HttpPools(num_pools=2, maxsize=1)
+    try:
+        total = _fetch_with_retries(spec, part, scheme, pools, timeout_s, attempts, backoff_s)
+    finally:
+        pools.clear()
 
     size = part.stat().st_size if part.exists() else 0
     problems = []

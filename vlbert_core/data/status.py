@@ -9,7 +9,8 @@ from __future__ import annotations
 OK = "ok"
 MALFORMED_ROW = "malformed_row"  # the TSV line itself is unusable (field count, empty field, encoding)
 DUPLICATE_URL = "duplicate_url"  # an earlier row of the same split has this URL; that row holds the image
-UNSUPPORTED_URL = "unsupported_url"  # a scheme or URL shape the downloader does not fetch
+UNSUPPORTED_URL = "unsupported_url"  # a URL shape the downloader cannot fetch (no scheme, no host, a remote file://)
+REFUSED_SCHEME = "refused_scheme"  # a scheme not fetched (not http(s), or file:// without allow_file_urls), or a redirect to one
 NOT_FOUND = "not_found"  # HTTP 404/410, or a file:// path that does not exist
 HTTP_ERROR = "http_error"  # any other HTTP failure: 5xx after retries, other 4xx, redirect loops
 TIMEOUT = "timeout"  # connect/read timeout or the per-attempt deadline, after retries
@@ -24,6 +25,7 @@ ALL_STATUSES: tuple[str, ...] = (
     MALFORMED_ROW,
     DUPLICATE_URL,
     UNSUPPORTED_URL,
+    REFUSED_SCHEME,
     NOT_FOUND,
     HTTP_ERROR,
     TIMEOUT,

@@ -33,6 +33,7 @@ from torchvision.ops import boxes as box_ops
 from tqdm import tqdm
 
 from ..utils import atomic_path, get_logger
+from .faster_rcnn import clip_boxes_legacy, uses_legacy_boxes
 from .select import SelectedRoIs, select_rois
 
 log = get_logger(__name__)
@@ -97,18 +98,27 @@ def run_detector(model: torch.nn.Module, images: Sequence[torch.Tensor]) -> list
             heads = model.roi_heads
             box_features = heads.box_head(heads.box_roi_pool(features, proposals, image_list.image_sizes))
             class_logits, box_regression = heads.box_predictor(box_features)
-            pred_boxes = heads.box_coder.decode(box_regression, proposals)  # [sum P, K+1, 4]
             pred_scores = F.softmax(class_logits, dim=-1)
-
             counts = [len(p) for p in proposals]
+            ratios = [proposals[0].new_tensor([original[1] / resized[1], original[0] / resized[0]] * 2)
+                      for resized, original in zip(image_list.image_sizes, original_sizes)]
+            legacy = uses_legacy_boxes(model)
+            if legacy:
+                # py-faster-rcnn decodes in original-image pixels (rois / im_scale), where the +1 of
+                # its box widths is measured, and clips there to [0, W - 1].
+                original_proposals = [p * r for p, r in zip(proposals, ratios)]
+                pred_boxes = heads.box_coder.decode(box_regression, original_proposals)  # [sum P, K+1, 4]
+            else:
+                pred_boxes = heads.box_coder.decode(box_regression, proposals)
+
             results = []
-            for boxes, scores, resized, original in zip(
-                pred_boxes.split(counts), pred_scores.split(counts), image_list.image_sizes, original_sizes
+            for boxes, scores, resized, original, ratio in zip(
+                pred_boxes.split(counts), pred_scores.split(counts), image_list.image_sizes, original_sizes, ratios
             ):
-                boxes = box_ops.clip_boxes_to_image(boxes, resized)
-                ratio_h = original[0] / resized[0]
-                ratio_w = original[1] / resized[1]
-                boxes = boxes * boxes.new_tensor([ratio_w, ratio_h, ratio_w, ratio_h])
+                if legacy:
+                    boxes = clip_boxes_legacy(boxes, original)
+                else:
+                    boxes = box_ops.clip_boxes_to_image(boxes, resized) * ratio
                 results.append((boxes[:, 1:], scores))
     finally:
         model.train(was_training)
@@ -122,9 +132,10 @@ def detect_rois(model: torch.nn.Module, images: Sequence[torch.Tensor], select_k
     pixel coordinates of the input images, on the CPU.
     """
     results = []
+    legacy = uses_legacy_boxes(model)
     with torch.inference_mode():
         for boxes_per_class, class_scores in run_detector(model, images):
-            selected = select_rois(boxes_per_class, class_scores, **select_kwargs)
+            selected = select_rois(boxes_per_class, class_scores, **select_kwargs, legacy_iou=legacy)
             results.append(SelectedRoIs(*(t.cpu() for t in (selected.boxes, selected.scores,
                                                               selected.class_ids, selected.class_scores))))
     return results
@@ -233,14 +244,24 @@ class RoIParquetWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        # A failure of the last flush or of the close (a full disk) must reach atomic_path as an error,
+        # or the half-written file would be renamed into place.
+        own_error: BaseException | None = None
         try:
             if exc_type is None:
                 self._flush()
                 self.metadata["status_counts"] = dict(sorted(self.status_counts.items()))
                 self._writer.add_key_value_metadata({METADATA_KEY: json.dumps(self.metadata, sort_keys=True)})
+        except BaseException as error:
+            own_error = error
+        try:
             self._writer.close()
-        finally:
-            self._atomic.__exit__(exc_type, exc, tb)
+        except BaseException as error:
+            own_error = own_error or (error if exc is None else None)
+        failure = exc if exc is not None else own_error
+        self._atomic.__exit__(type(failure) if failure else None, failure, failure.__traceback__ if failure else None)
+        if own_error is not None and exc is None:
+            raise own_error
         return False
 
     def _start_row(self, key: str, status: str, error: str) -> None:

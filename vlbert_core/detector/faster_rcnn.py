@@ -1,14 +1,52 @@
-"""The R-C4 Faster R-CNN: ResNet stages 1-4 as backbone, RoIAlign 14x14 at stride 16, stage 5 as head."""
+"""The R-C4 Faster R-CNN: ResNet stages 1-4 as backbone, RoI pooling 14x14 at stride 16, stage 5 as head.
+
+By default the detector follows torchvision's conventions (this project trains it that way). Options of
+the `detector:` config section reproduce the Caffe Faster R-CNN of bottom-up attention (Anderson et al.
+2018) so that its published weights, converted by `vlbert_core.convert.bottom_up`, detect as they did
+there (docs/bottom-up-detector.md lists each convention and where the source has it):
+
+  anchor_style       torchvision (default): torchvision's AnchorGenerator (zero-centred, rounded cell
+                     anchors, stride inferred from the padded batch). caffe: py-faster-rcnn's
+                     `generate_anchors` (base window (0, 0, 15, 15), ratios then scales, rounded widths,
+                     scales = anchor_sizes / 16) at a fixed stride of 16. detectron2: detectron2's
+                     DefaultAnchorGenerator (sizes outer, ratios inner, zero-centred, not rounded) at a
+                     fixed stride of 16.
+  box_coding         torchvision (default) | caffe_legacy: widths = x2 - x1 + 1 in box encoding and
+                     decoding, boxes clipped to [0, W - 1] x [0, H - 1], proposals filtered by a
+                     minimum side in original-image pixels (rpn_min_size) before the pre-NMS top-n,
+                     and IoU with +1 areas in the NMS of the RPN and of the RoI selection.
+  box_reg_weights    the RoI head's delta weights (default 10, 10, 5, 5; the Caffe weights predict
+                     raw deltas: 1, 1, 1, 1).
+  rpn_head_channels  width of the RPN's 3x3 conv (default: the body's width; Caffe: 512).
+  rpn_nms_thresh, rpn_min_size
+                     the RPN's NMS IoU (default 0.7) and minimum proposal side (default 0: torchvision's
+                     1e-3 px; caffe_legacy only: 16 px of the original image).
+  roi_pooler         roi_align (default: RoIAlign, sampling ratio 2) | roi_pool (Caffe's ROIPooling,
+                     torchvision.ops.RoIPool at 1/16); output 14x14 either way.
+  size_divisible     the transform pads a batch to a multiple of this (default 32; Caffe: 1, no padding
+                     beyond the largest image of the batch).
+  num_attributes     optional: adds the bottom-up attribute head (AttributePredictor) with
+                     num_attributes + 1 outputs ("no attribute" at 0).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import math
+from typing import Any, Mapping, Sequence
 
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 from torchvision.models.detection import FasterRCNN
+from torchvision.models.detection._utils import BoxCoder
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.faster_rcnn import FastRCNNPredictor
+from torchvision.models.detection.image_list import ImageList
+from torchvision.models.detection.rpn import RegionProposalNetwork, RPNHead
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
-from torchvision.ops import MultiScaleRoIAlign
+from torchvision.ops import MultiScaleRoIAlign, RoIPool, batched_nms
+from torchvision.ops.misc import Conv2dNormActivation
 
 from .pixels import get_pixel_format, normalise_pixels
 from .resnet_c4 import ResNetC4Config, build_resnet_c4
@@ -17,20 +55,269 @@ from .resnet_c4 import ResNetC4Config, build_resnet_c4
 # 600-px images set `detector.anchor_sizes` (e.g. [32, 64, 128, 256, 512]).
 DEFAULT_ANCHOR_SIZES = (16, 32, 64, 128)
 DEFAULT_ASPECT_RATIOS = (0.5, 1.0, 2.0)
+FEATURE_STRIDE = 16             # the C4 body's stride (conv1, pool1, stages 3 and 4 halve the map)
+CAFFE_ANCHOR_BASE_SIZE = 16     # py-faster-rcnn's reference window (0, 0, 15, 15)
+ROI_OUTPUT_SIZE = 14
 
+ANCHOR_STYLES = ("torchvision", "caffe", "detectron2")
+BOX_CODINGS = ("torchvision", "caffe_legacy")
+ROI_POOLERS = ("roi_align", "roi_pool")
+
+
+# ---- anchors ----------------------------------------------------------------------------------------
+
+def caffe_cell_anchors(ratios: Sequence[float], scales: Sequence[float],
+                       base_size: int = CAFFE_ANCHOR_BASE_SIZE) -> Tensor:
+    """py-faster-rcnn's `generate_anchors`: the reference window (0, 0, base-1, base-1) reshaped to each
+    aspect ratio (h / w) at constant area, widths and heights rounded, then each of those scaled by
+    each scale; corners are inclusive (width = x2 - x1 + 1). Order: ratio outer, scale inner.
+    Returns [len(ratios) * len(scales), 4] float32."""
+    base = np.array([0.0, 0.0, base_size - 1.0, base_size - 1.0])
+
+    def whctrs(anchor):
+        w, h = anchor[2] - anchor[0] + 1, anchor[3] - anchor[1] + 1
+        return w, h, anchor[0] + 0.5 * (w - 1), anchor[1] + 0.5 * (h - 1)
+
+    def mkanchors(ws, hs, x_ctr, y_ctr):
+        return np.stack([x_ctr - 0.5 * (ws - 1), y_ctr - 0.5 * (hs - 1),
+                         x_ctr + 0.5 * (ws - 1), y_ctr + 0.5 * (hs - 1)], axis=1)
+
+    w, h, x_ctr, y_ctr = whctrs(base)
+    ratios = np.asarray(ratios, dtype=np.float64)
+    ws = np.round(np.sqrt(w * h / ratios))
+    hs = np.round(ws * ratios)
+    ratio_anchors = mkanchors(ws, hs, x_ctr, y_ctr)
+    out = []
+    for anchor in ratio_anchors:
+        w, h, x_ctr, y_ctr = whctrs(anchor)
+        scales_arr = np.asarray(scales, dtype=np.float64)
+        out.append(mkanchors(w * scales_arr, h * scales_arr, x_ctr, y_ctr))
+    return torch.from_numpy(np.concatenate(out)).float()
+
+
+def detectron2_cell_anchors(sizes: Sequence[float], ratios: Sequence[float]) -> Tensor:
+    """detectron2's DefaultAnchorGenerator cell anchors: for each size (outer) and ratio h / w (inner)
+    a box of area size**2 centred on 0, not rounded. [len(sizes) * len(ratios), 4] float32."""
+    out = []
+    for size in sizes:
+        for ratio in ratios:
+            w = math.sqrt(size * size / ratio)
+            h = ratio * w
+            out.append([-w / 2.0, -h / 2.0, w / 2.0, h / 2.0])
+    return torch.tensor(out, dtype=torch.float32)
+
+
+class FixedStrideAnchorGenerator(AnchorGenerator):
+    """torchvision's AnchorGenerator with given cell anchors, shifted by a fixed feature stride (as
+    Caffe's proposal layer and detectron2 do) rather than the stride inferred from the padded batch,
+    which is not 16 when no padding rounds the image size to a multiple of 16."""
+
+    def __init__(self, cell_anchors: Tensor, sizes: Sequence[int], aspect_ratios: Sequence[float], stride: int):
+        super().__init__(sizes=(tuple(sizes),), aspect_ratios=(tuple(aspect_ratios),))
+        if cell_anchors.shape != (len(sizes) * len(aspect_ratios), 4):
+            raise ValueError(f"FixedStrideAnchorGenerator: {tuple(cell_anchors.shape)} cell anchors for "
+                             f"{len(sizes)} sizes x {len(aspect_ratios)} ratios")
+        self.cell_anchors = [cell_anchors]
+        self.stride = int(stride)
+
+    def forward(self, image_list: ImageList, feature_maps: list[Tensor]) -> list[Tensor]:
+        grid_sizes = [list(feature_map.shape[-2:]) for feature_map in feature_maps]
+        dtype, device = feature_maps[0].dtype, feature_maps[0].device
+        stride = torch.tensor(self.stride, dtype=torch.int64, device=device)
+        self.set_cell_anchors(dtype, device)
+        per_map = self.grid_anchors(grid_sizes, [[stride, stride]] * len(grid_sizes))
+        return [torch.cat(per_map) for _ in image_list.image_sizes]
+
+
+def build_anchor_generator(cfg: Mapping[str, Any]) -> AnchorGenerator:
+    style = cfg.get("anchor_style", "torchvision")
+    sizes = tuple(int(s) for s in cfg.get("anchor_sizes", DEFAULT_ANCHOR_SIZES))
+    ratios = tuple(float(r) for r in cfg.get("aspect_ratios", DEFAULT_ASPECT_RATIOS))
+    if style == "torchvision":
+        return AnchorGenerator(sizes=(sizes,), aspect_ratios=(ratios,))
+    if style == "caffe":
+        cell = caffe_cell_anchors(ratios, [s / CAFFE_ANCHOR_BASE_SIZE for s in sizes])
+    elif style == "detectron2":
+        cell = detectron2_cell_anchors(sizes, ratios)
+    else:
+        raise ValueError(f"detector.anchor_style={style!r}: expected one of {list(ANCHOR_STYLES)}")
+    return FixedStrideAnchorGenerator(cell, sizes, ratios, FEATURE_STRIDE)
+
+
+# ---- legacy (+1) box coding ----------------------------------------------------------------------------
+
+class LegacyBoxCoder(BoxCoder):
+    """py-faster-rcnn's bbox_transform / bbox_transform_inv: a box's width is x2 - x1 + 1 and its centre
+    x1 + 0.5 * width; a decoded box is centre -/+ 0.5 * width (so x2 is not reduced by 1 again, as in
+    the source). dw, dh are clamped at log(1000 / 16) as torchvision and the PyTorch ports do."""
+
+    def encode_single(self, reference_boxes: Tensor, proposals: Tensor) -> Tensor:
+        wx, wy, ww, wh = (float(w) for w in self.weights)
+        widths = proposals[:, 2] - proposals[:, 0] + 1.0
+        heights = proposals[:, 3] - proposals[:, 1] + 1.0
+        ctr_x = proposals[:, 0] + 0.5 * widths
+        ctr_y = proposals[:, 1] + 0.5 * heights
+        gt_widths = reference_boxes[:, 2] - reference_boxes[:, 0] + 1.0
+        gt_heights = reference_boxes[:, 3] - reference_boxes[:, 1] + 1.0
+        gt_ctr_x = reference_boxes[:, 0] + 0.5 * gt_widths
+        gt_ctr_y = reference_boxes[:, 1] + 0.5 * gt_heights
+        return torch.stack([wx * (gt_ctr_x - ctr_x) / widths, wy * (gt_ctr_y - ctr_y) / heights,
+                            ww * torch.log(gt_widths / widths), wh * torch.log(gt_heights / heights)], dim=1)
+
+    def decode_single(self, rel_codes: Tensor, boxes: Tensor) -> Tensor:
+        boxes = boxes.to(rel_codes.dtype)
+        widths = boxes[:, 2] - boxes[:, 0] + 1.0
+        heights = boxes[:, 3] - boxes[:, 1] + 1.0
+        ctr_x = boxes[:, 0] + 0.5 * widths
+        ctr_y = boxes[:, 1] + 0.5 * heights
+        wx, wy, ww, wh = (float(w) for w in self.weights)
+        dx = rel_codes[:, 0::4] / wx
+        dy = rel_codes[:, 1::4] / wy
+        dw = torch.clamp(rel_codes[:, 2::4] / ww, max=self.bbox_xform_clip)
+        dh = torch.clamp(rel_codes[:, 3::4] / wh, max=self.bbox_xform_clip)
+        pred_ctr_x = dx * widths[:, None] + ctr_x[:, None]
+        pred_ctr_y = dy * heights[:, None] + ctr_y[:, None]
+        pred_w = torch.exp(dw) * widths[:, None]
+        pred_h = torch.exp(dh) * heights[:, None]
+        return torch.stack([pred_ctr_x - 0.5 * pred_w, pred_ctr_y - 0.5 * pred_h,
+                            pred_ctr_x + 0.5 * pred_w, pred_ctr_y + 0.5 * pred_h], dim=2).flatten(1)
+
+
+def clip_boxes_legacy(boxes: Tensor, size: tuple[int, int]) -> Tensor:
+    """py-faster-rcnn's clip_boxes: x in [0, W - 1], y in [0, H - 1] (inclusive pixel corners)."""
+    height, width = size
+    x = boxes[..., 0::2].clamp(min=0, max=width - 1)
+    y = boxes[..., 1::2].clamp(min=0, max=height - 1)
+    return torch.stack([x[..., 0], y[..., 0], x[..., 1], y[..., 1]], dim=-1)
+
+
+def inclusive_corners(boxes: Tensor) -> Tensor:
+    """Boxes whose torchvision IoU equals the legacy IoU of `boxes` (areas and overlaps with +1):
+    x2 + 1, y2 + 1. Legacy NMS is torchvision's NMS on these (the source suppresses at IoU >=
+    threshold, torchvision at > threshold: only exact ties differ)."""
+    return torch.cat([boxes[..., :2], boxes[..., 2:] + 1.0], dim=-1)
+
+
+def uses_legacy_boxes(model: nn.Module) -> bool:
+    """Whether a detector built by build_detector uses caffe_legacy box coding."""
+    return isinstance(model.roi_heads.box_coder, LegacyBoxCoder)
+
+
+class LegacyRegionProposalNetwork(RegionProposalNetwork):
+    """torchvision's RPN with py-faster-rcnn's proposal layer: decode (legacy), clip to [0, W-1], drop
+    proposals with a side (+1) under rpn_min_size original-image pixels, take the pre-NMS top-n by
+    objectness, NMS with +1 areas, keep the post-NMS top-n. Training losses are torchvision's."""
+
+    def __init__(self, *args, min_size_original: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.min_size_original = float(min_size_original)
+        self._image_scales: list[float] | None = None
+
+    def forward(self, images: ImageList, features, targets=None):
+        # The image scales (resized / original, PixelFormatTransform) of this batch, for filter_proposals.
+        self._image_scales = getattr(images, "image_scales", None)
+        try:
+            return super().forward(images, features, targets)
+        finally:
+            self._image_scales = None
+
+    def filter_proposals(self, proposals: Tensor, objectness: Tensor, image_shapes: list[tuple[int, int]],
+                         num_anchors_per_level: list[int]) -> tuple[list[Tensor], list[Tensor]]:
+        num_images = proposals.shape[0]
+        objectness = objectness.detach().reshape(num_images, -1)
+        scales = self._image_scales or [1.0] * num_images
+        final_boxes, final_scores = [], []
+        for boxes, logits, shape, scale in zip(proposals, objectness, image_shapes, scales):
+            boxes = clip_boxes_legacy(boxes, shape)
+            min_side = self.min_size_original * scale
+            keep = ((boxes[:, 2] - boxes[:, 0] + 1 >= min_side) & (boxes[:, 3] - boxes[:, 1] + 1 >= min_side))
+            boxes, logits = boxes[keep], logits[keep]
+            order = torch.sort(logits, descending=True, stable=True).indices[: self.pre_nms_top_n()]
+            boxes, logits = boxes[order], logits[order]
+            keep = batched_nms(inclusive_corners(boxes), logits, torch.zeros_like(order), self.nms_thresh)
+            keep = keep[: self.post_nms_top_n()]
+            final_boxes.append(boxes[keep])
+            final_scores.append(torch.sigmoid(logits[keep]))
+        return final_boxes, final_scores
+
+
+# ---- heads ---------------------------------------------------------------------------------------------
+
+class WideRPNHead(RPNHead):
+    """torchvision's RPNHead (same module names, so the same state-dict keys) with a 3x3 conv of
+    `hidden_channels` outputs instead of `in_channels` (bottom-up attention: 1024 -> 512)."""
+
+    def __init__(self, in_channels: int, num_anchors: int, hidden_channels: int):
+        super().__init__(in_channels, num_anchors)
+        self.conv = nn.Sequential(Conv2dNormActivation(in_channels, hidden_channels, kernel_size=3, norm_layer=None))
+        self.cls_logits = nn.Conv2d(hidden_channels, num_anchors, kernel_size=1, stride=1)
+        self.bbox_pred = nn.Conv2d(hidden_channels, num_anchors * 4, kernel_size=1, stride=1)
+        for layer in self.modules():
+            if isinstance(layer, nn.Conv2d):
+                nn.init.normal_(layer.weight, std=0.01)
+                nn.init.constant_(layer.bias, 0)
+
+
+class SingleMapRoIPool(nn.Module):
+    """Caffe's ROIPooling (Fast R-CNN max pooling over rounded RoI bins; torchvision.ops.RoIPool) on the
+    one stride-16 map, called like MultiScaleRoIAlign by torchvision's RoIHeads."""
+
+    def __init__(self, output_size: int = ROI_OUTPUT_SIZE, spatial_scale: float = 1.0 / FEATURE_STRIDE):
+        super().__init__()
+        self.pool = RoIPool(output_size, spatial_scale)
+
+    def forward(self, features: Mapping[str, Tensor], boxes: list[Tensor], image_shapes=None) -> Tensor:
+        return self.pool(features["0"], boxes)
+
+
+class AttributePredictor(nn.Module):
+    """Bottom-up attention's attribute head: the embedding of each RoI's arg-max class (background
+    included) is concatenated to its pooled feature, then Linear -> ReLU -> Linear gives
+    num_attributes + 1 logits (0 = no attribute). Caffe: cls_embedding (Embed 1601 -> 256, no bias),
+    concat_pool5, fc_attr (2304 -> 512), relu_attr, attr_score (512 -> 401); the widths are the
+    feature width / 8 and / 4, as the PyTorch ports build them.
+
+    The project's RoI parquet has no attribute column and our training data no attribute labels, so
+    the head is loaded with converted weights and callable (`forward`), but neither trained by
+    train_detector nor stored by extract_rois."""
+
+    def __init__(self, in_channels: int, num_classes_with_background: int, num_attributes: int):
+        super().__init__()
+        self.cls_embedding = nn.Embedding(num_classes_with_background, in_channels // 8)
+        self.fc_attr = nn.Linear(in_channels + in_channels // 8, in_channels // 4)
+        self.attr_score = nn.Linear(in_channels // 4, num_attributes + 1)
+
+    def forward(self, pooled: Tensor, class_logits: Tensor) -> Tensor:
+        embedded = self.cls_embedding(class_logits.argmax(dim=1))
+        return self.attr_score(F.relu(self.fc_attr(torch.cat([pooled, embedded], dim=1))))
+
+
+# ---- transform -----------------------------------------------------------------------------------------
 
 class PixelFormatTransform(GeneralizedRCNNTransform):
     """torchvision's resize-and-batch transform, normalising as the backbone's `pixel_format` says
-    (torchvision's own normalisation knows neither BGR nor the 0-255 scale of Caffe weights)."""
+    (torchvision's own normalisation knows neither BGR nor the 0-255 scale of Caffe weights). The
+    ImageList it returns also carries `image_scales` (resized / original height per image), which
+    Caffe's minimum proposal size is measured with."""
 
-    def __init__(self, min_size: int, max_size: int, pixel_format: str):
+    def __init__(self, min_size: int, max_size: int, pixel_format: str, size_divisible: int = 32):
         fmt = get_pixel_format(pixel_format)
-        super().__init__(min_size, max_size, image_mean=list(fmt.mean), image_std=list(fmt.std))
+        super().__init__(min_size, max_size, image_mean=list(fmt.mean), image_std=list(fmt.std),
+                         size_divisible=size_divisible)
         self.pixel_format = pixel_format
 
     def normalize(self, image):
         return normalise_pixels(image, self.pixel_format)
 
+    def forward(self, images, targets=None):
+        original_heights = [int(img.shape[-2]) for img in images]
+        image_list, targets = super().forward(images, targets)
+        image_list.image_scales = [resized[0] / original for resized, original in
+                                   zip(image_list.image_sizes, original_heights)]
+        return image_list, targets
+
+
+# ---- the detector --------------------------------------------------------------------------------------
 
 def build_detector(cfg: Mapping[str, Any], num_classes: int) -> FasterRCNN:
     """Faster R-CNN with the C4 body as its single-map ('0') backbone and stage 5 as box head.
@@ -39,7 +326,9 @@ def build_detector(cfg: Mapping[str, Any], num_classes: int) -> FasterRCNN:
     predictor has num_classes + 1 outputs, 0 being background.
     Keys read: backbone, min_size, max_size, rpn_post_nms_train, rpn_post_nms_test,
     box_batch_size_per_image, and optionally anchor_sizes, aspect_ratios, rpn_pre_nms_train,
-    rpn_pre_nms_test, box_score_thresh, box_nms_thresh, box_detections_per_img.
+    rpn_pre_nms_test, box_score_thresh, box_nms_thresh, box_detections_per_img and the conventions
+    of the module docstring (anchor_style, box_coding, box_reg_weights, rpn_head_channels,
+    rpn_nms_thresh, rpn_min_size, roi_pooler, size_divisible, num_attributes).
     """
     if num_classes < 1:
         raise ValueError(f"build_detector: num_classes must be >= 1, got {num_classes}")
@@ -47,35 +336,80 @@ def build_detector(cfg: Mapping[str, Any], num_classes: int) -> FasterRCNN:
                 "box_batch_size_per_image"):
         if key not in cfg:
             raise KeyError(f"detector config lacks key '{key}'")
+    box_coding = cfg.get("box_coding", "torchvision")
+    if box_coding not in BOX_CODINGS:
+        raise ValueError(f"detector.box_coding={box_coding!r}: expected one of {list(BOX_CODINGS)}")
+    roi_pooler = cfg.get("roi_pooler", "roi_align")
+    if roi_pooler not in ROI_POOLERS:
+        raise ValueError(f"detector.roi_pooler={roi_pooler!r}: expected one of {list(ROI_POOLERS)}")
+    box_reg_weights = tuple(float(w) for w in cfg.get("box_reg_weights", (10.0, 10.0, 5.0, 5.0)))
+    if len(box_reg_weights) != 4 or min(box_reg_weights) <= 0:
+        raise ValueError(f"detector.box_reg_weights={list(box_reg_weights)}: expected 4 positive numbers")
+
     backbone_cfg = ResNetC4Config.from_dict(cfg["backbone"])
     body, head, body_out, head_out = build_resnet_c4(backbone_cfg)
     body.out_channels = body_out  # FasterRCNN reads backbone.out_channels
 
-    sizes = tuple(cfg.get("anchor_sizes", DEFAULT_ANCHOR_SIZES))
-    ratios = tuple(float(r) for r in cfg.get("aspect_ratios", DEFAULT_ASPECT_RATIOS))
-    anchor_generator = AnchorGenerator(sizes=(sizes,), aspect_ratios=(ratios,))
-    roi_pool = MultiScaleRoIAlign(featmap_names=["0"], output_size=14, sampling_ratio=2)
+    anchor_generator = build_anchor_generator(cfg)
+    num_anchors = anchor_generator.num_anchors_per_location()[0]
+    rpn_head = WideRPNHead(body_out, num_anchors, int(cfg["rpn_head_channels"])) if "rpn_head_channels" in cfg \
+        else RPNHead(body_out, num_anchors)
+    roi_align = MultiScaleRoIAlign(featmap_names=["0"], output_size=ROI_OUTPUT_SIZE, sampling_ratio=2)
     predictor = FastRCNNPredictor(head_out, num_classes + 1)
 
     post_train = int(cfg["rpn_post_nms_train"])
     post_test = int(cfg["rpn_post_nms_test"])
+    pre_train = int(cfg.get("rpn_pre_nms_train", max(2000, post_train)))
+    pre_test = int(cfg.get("rpn_pre_nms_test", max(1000, post_test)))
+    rpn_nms_thresh = float(cfg.get("rpn_nms_thresh", 0.7))
     model = FasterRCNN(
         body,
         num_classes=None,
         min_size=int(cfg["min_size"]),
         max_size=int(cfg["max_size"]),
         rpn_anchor_generator=anchor_generator,
-        rpn_pre_nms_top_n_train=int(cfg.get("rpn_pre_nms_train", max(2000, post_train))),
-        rpn_pre_nms_top_n_test=int(cfg.get("rpn_pre_nms_test", max(1000, post_test))),
+        rpn_head=rpn_head,
+        rpn_pre_nms_top_n_train=pre_train,
+        rpn_pre_nms_top_n_test=pre_test,
         rpn_post_nms_top_n_train=post_train,
         rpn_post_nms_top_n_test=post_test,
-        box_roi_pool=roi_pool,
+        rpn_nms_thresh=rpn_nms_thresh,
+        box_roi_pool=roi_align,  # FasterRCNN accepts only this type; roi_pool replaces it below
         box_head=head,
         box_predictor=predictor,
         box_batch_size_per_image=int(cfg["box_batch_size_per_image"]),
         box_score_thresh=float(cfg.get("box_score_thresh", 0.05)),
         box_nms_thresh=float(cfg.get("box_nms_thresh", 0.5)),
         box_detections_per_img=int(cfg.get("box_detections_per_img", 100)),
+        bbox_reg_weights=box_reg_weights,
     )
-    model.transform = PixelFormatTransform(int(cfg["min_size"]), int(cfg["max_size"]), backbone_cfg.pixel_format)
+    if roi_pooler == "roi_pool":
+        model.roi_heads.box_roi_pool = SingleMapRoIPool()
+    if box_coding == "caffe_legacy":
+        rpn = model.rpn
+        model.rpn = LegacyRegionProposalNetwork(
+            rpn.anchor_generator, rpn.head, rpn.proposal_matcher.high_threshold, rpn.proposal_matcher.low_threshold,
+            rpn.fg_bg_sampler.batch_size_per_image, rpn.fg_bg_sampler.positive_fraction,
+            rpn._pre_nms_top_n, rpn._post_nms_top_n, rpn.nms_thresh,
+            min_size_original=float(cfg.get("rpn_min_size", 0.0)))
+        model.rpn.box_coder = LegacyBoxCoder((1.0, 1.0, 1.0, 1.0))
+        model.roi_heads.box_coder = LegacyBoxCoder(box_reg_weights)
+    elif "rpn_min_size" in cfg:
+        raise ValueError("detector.rpn_min_size applies with box_coding: caffe_legacy only")
+    if cfg.get("num_attributes") is not None:
+        model.roi_heads.attribute_predictor = AttributePredictor(head_out, num_classes + 1, int(cfg["num_attributes"]))
+    model.transform = PixelFormatTransform(int(cfg["min_size"]), int(cfg["max_size"]), backbone_cfg.pixel_format,
+                                           int(cfg.get("size_divisible", 32)))
     return model
+
+
+def predict_attributes(model: FasterRCNN, features: Mapping[str, Tensor], boxes: list[Tensor],
+                       image_shapes: list[tuple[int, int]]) -> Tensor:
+    """Attribute probabilities [sum N, num_attributes + 1] (softmax, 0 = no attribute) of `boxes`
+    (in the resized-image frame of `image_shapes`), from a detector with an attribute head."""
+    heads = model.roi_heads
+    if not hasattr(heads, "attribute_predictor"):
+        raise ValueError("predict_attributes: this detector has no attribute head (detector.num_attributes)")
+    pooled = heads.box_head(heads.box_roi_pool(features, boxes, image_shapes))
+    class_logits, _ = heads.box_predictor(pooled)
+    return F.softmax(heads.attribute_predictor(pooled, class_logits), dim=-1)

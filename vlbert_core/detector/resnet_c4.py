@@ -21,6 +21,9 @@ changes a tensor's shape, so the same weights load either way:
 - `head_dilation` 2: stage 5 keeps stride 1 and dilates its 3x3 convs by 2 (released VL-BERT,
   IMAGE_C5_DILATED), so a 14x14 RoI stays 14x14 until the average pool; 1 is the detector head of
   bottom-up attention and torchvision (stride 2, 14x14 -> 7x7).
+- `stem_pool` "caffe": the stem's 3x3 max pool without padding and with ceil rounding, as Caffe pools
+  (bottom-up attention's `pool1`); "torchvision" pads by 1 and floors. Same output size on even inputs,
+  but the windows sit one pixel apart, so Caffe-trained weights need the Caffe pool.
 The pixels a backbone's weights expect are part of its config too (`pixel_format`, pixels.py).
 """
 
@@ -36,6 +39,7 @@ from torch import nn
 from torchvision.models import resnet as tv_resnet
 
 from .pixels import PIXEL_FORMATS
+from ..safe_pickle import load_torch_file
 
 # Key prefixes of the body and head inside the detector's state dict (see faster_rcnn.py).
 DETECTOR_BODY_PREFIX = "backbone."
@@ -44,6 +48,9 @@ DETECTOR_HEAD_PREFIX = "roi_heads.box_head."
 _TORCHVISION_DEPTHS = {18: tv_resnet.resnet18, 34: tv_resnet.resnet34, 50: tv_resnet.resnet50,
                        101: tv_resnet.resnet101, 152: tv_resnet.resnet152}
 _BLOCKS = {"basic": tv_resnet.BasicBlock, "bottleneck": tv_resnet.Bottleneck}
+# The stem's max pool: torchvision pads by 1; Caffe pads by 0 and rounds the output size up.
+STEM_POOLS = {"torchvision": dict(kernel_size=3, stride=2, padding=1),
+              "caffe": dict(kernel_size=3, stride=2, padding=0, ceil_mode=True)}
 
 
 @dataclass
@@ -65,13 +72,14 @@ class ResNetC4Config:
     stride_in_1x1: bool = False
     head_dilation: int = 1
     pixel_format: str = "rgb_imagenet"
+    stem_pool: str = "torchvision"
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any] | "ResNetC4Config") -> "ResNetC4Config":
         if isinstance(cfg, ResNetC4Config):
             return cfg
         known = {"stage_widths", "blocks_per_stage", "block", "depth", "init_weights", "stride_in_1x1",
-                 "head_dilation", "pixel_format"}
+                 "head_dilation", "pixel_format", "stem_pool"}
         unknown = set(cfg) - known
         if unknown:
             raise ValueError(f"detector.backbone: unknown keys {sorted(unknown)}; allowed {sorted(known)}")
@@ -86,6 +94,8 @@ class ResNetC4Config:
         if self.pixel_format not in PIXEL_FORMATS:
             raise ValueError(f"detector.backbone.pixel_format={self.pixel_format!r}: expected one of "
                              f"{sorted(PIXEL_FORMATS)}")
+        if self.stem_pool not in STEM_POOLS:
+            raise ValueError(f"detector.backbone.stem_pool={self.stem_pool!r}: expected one of {sorted(STEM_POOLS)}")
         if self.stride_in_1x1 and self.uses_basic_blocks:
             raise ValueError("detector.backbone.stride_in_1x1 needs bottleneck blocks (ResNet-50/101/152 or "
                              "block: bottleneck): a basic block has no 1x1 conv")
@@ -113,7 +123,7 @@ class ResNetC4Config:
         return {"stage_widths": list(self.stage_widths), "blocks_per_stage": list(self.blocks_per_stage),
                 "block": self.block, "depth": self.depth, "init_weights": self.init_weights,
                 "stride_in_1x1": self.stride_in_1x1, "head_dilation": self.head_dilation,
-                "pixel_format": self.pixel_format}
+                "pixel_format": self.pixel_format, "stem_pool": self.stem_pool}
 
 
 def _make_stage(block: type[nn.Module], inplanes: int, planes: int, blocks: int, stride: int) -> tuple[nn.Sequential, int]:
@@ -198,6 +208,8 @@ def build_resnet_c4(cfg: Mapping[str, Any] | ResNetC4Config) -> tuple[nn.Sequent
         head_out = inplanes
         _init_weights([m for _, m in stem] + stages)
 
+    stem = [(name, nn.MaxPool2d(**STEM_POOLS[cfg.stem_pool]) if name == "maxpool" else module)
+            for name, module in stem]
     if cfg.stride_in_1x1:
         for stage in stages[1:]:
             _move_stride_to_1x1(stage)
@@ -220,7 +232,7 @@ def _stage_out_channels(stage: nn.Sequential) -> int:
 
 def load_torchvision_resnet_weights(body: nn.Module, head: nn.Module, path: str | Path) -> None:
     """Load a torchvision-format ResNet state dict (conv1.*, bn1.*, layer1-4.*; fc.* ignored)."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = load_torch_file(path, "a ResNet state dict")
     if isinstance(state, dict) and "state_dict" in state:
         state = state["state_dict"]
     body_sd = {k: v for k, v in state.items() if not k.startswith(("layer4.", "fc."))}

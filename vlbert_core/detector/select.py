@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 from torchvision.ops import batched_nms
 
+from .faster_rcnn import inclusive_corners
+
 
 @dataclass
 class SelectedRoIs:
@@ -34,6 +36,7 @@ def select_rois(
     min_boxes: int = 10,
     max_boxes: int = 100,
     nms_iou: float,
+    legacy_iou: bool = False,
 ) -> SelectedRoIs:
     """Select the RoIs of one image from per-class detections.
 
@@ -50,6 +53,8 @@ def select_rois(
        ranking order, so N == min_boxes whenever P*K >= min_boxes (otherwise N == P*K).
     4. Keep at most max_boxes, the best-ranked. The output is in ranking order.
     Each kept box carries the full class-score row of its proposal.
+    `legacy_iou`: IoU with inclusive corners (areas and overlaps with +1), as Caffe's NMS computes it
+    (detectors with box_coding caffe_legacy, faster_rcnn.py).
 
     NMS runs on the shortest ranking prefix that decides the answer: greedy NMS suppresses a
     candidate only through better-ranked ones, so survivors of a prefix are survivors of the whole.
@@ -69,6 +74,7 @@ def select_rois(
     cand_classes = torch.arange(1, num_fg + 1, device=cand_scores.device).repeat(num_proposals)
     cand_proposals = torch.arange(num_proposals, device=cand_scores.device).repeat_interleave(num_fg)
     total = cand_scores.numel()
+    nms_boxes = inclusive_corners(cand_boxes) if legacy_iou else cand_boxes
 
     order = torch.sort(cand_scores, descending=True, stable=True).indices
     num_passing = int((cand_scores > score_threshold).sum())
@@ -81,7 +87,7 @@ def select_rois(
         # Ranks as NMS scores: strictly decreasing, so NMS visits candidates in our ranking order
         # whatever its own sort does with ties.
         rank_scores = torch.arange(prefix, 0, -1, dtype=torch.float32, device=cand_scores.device)
-        keep = batched_nms(cand_boxes[idx], rank_scores, cand_classes[idx], nms_iou)
+        keep = batched_nms(nms_boxes[idx], rank_scores, cand_classes[idx], nms_iou)
         keep = torch.sort(keep).values  # positions in the prefix == ranking order
         if keep.numel() >= min_boxes or prefix == total:
             break

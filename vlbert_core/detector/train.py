@@ -17,6 +17,7 @@ from ..utils import atomic_path, get_logger, seed_everything
 from .extract import decode_image
 from .faster_rcnn import build_detector
 from .metrics import ImageDetections, ImageGroundTruth, evaluate_ap50
+from ..safe_pickle import load_torch_file
 
 log = get_logger(__name__)
 
@@ -244,11 +245,7 @@ def load_detector(path: str | os.PathLike, map_location: str | torch.device = "c
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"detector weights {path} do not exist")
-    try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:
-        raise ValueError(f"{path}: not a detector checkpoint (torch.load with weights_only=True failed: "
-                         f"{type(exc).__name__}: {str(exc)[:300]})") from exc
+    checkpoint = load_torch_file(path, "a detector checkpoint")
     if not isinstance(checkpoint, dict):
         raise ValueError(f"{path}: a detector checkpoint is a dict with keys {list(CHECKPOINT_KEYS)}, "
                          f"this file holds a {type(checkpoint).__name__}")
@@ -276,7 +273,7 @@ def load_detector(path: str | os.PathLike, map_location: str | torch.device = "c
         raise ValueError(f"{path}: checkpoint config does not describe a detector: {exc}") from exc
     _check_state_dict(path, model.state_dict(), state_dict)
     model.load_state_dict(state_dict)
-    model.eval()
+    model.to(map_location).eval()
     meta = {k: v for k, v in checkpoint.items() if k != "state_dict"}
     return model, meta
 

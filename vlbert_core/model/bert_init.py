@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from ..safe_pickle import load_torch_file
+
 PACKAGE_PREFIX = "package:"
 # Keys of BERT's pre-training MLM head (BertForPreTraining / BertForMaskedLM), absent in BertModel.
 MLM_HEAD_PREFIX = "cls.predictions."
@@ -73,7 +75,7 @@ def load_bert_mlm_head_state(spec: str) -> dict[str, torch.Tensor] | None:
         with safe_open(str(safetensors_file), "pt") as f:
             state = {k: f.get_tensor(k) for k in f.keys() if MLM_HEAD_PREFIX in k}
     elif bin_file.is_file():
-        full = torch.load(bin_file, map_location="cpu", weights_only=True)
+        full = load_torch_file(bin_file, "a BERT checkpoint")
         state = {k: v for k, v in full.items() if MLM_HEAD_PREFIX in k}
     else:
         return None

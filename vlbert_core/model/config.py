@@ -8,6 +8,12 @@ from typing import Any, Mapping
 
 # Segments: sentence A = 0, sentence B = 1, visual elements and [END] = 2.
 NUM_SEGMENTS = 3
+GEOMETRY_ENCODINGS = ("corners", "centre_size")
+TASK_HEAD_LAYOUTS = ("project", "released")
+# model-config keys of the released-architecture options (config/schema.yaml `model:`), with the VLBertConfig
+# field each sets; `build_vlbert_config` copies them.
+RELEASED_OPTION_KEYS = ("geometry_encoding", "end_visual_term", "text_only_visual_norm", "text_only_end",
+                        "roi_sampling_ratio", "roi_cls_layer_norm", "task_heads")
 
 _BERT_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
               "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
@@ -42,6 +48,26 @@ class VLBertConfig:
     # Z-score each appearance dimension with statistics of the visual network's RoI features before the
     # visual FC (released: off, raw features). See VisualFeatureEmbedding.
     standardise_appearance: bool = False
+    # Details where the released code differs from this project's defaults (docs/released-architecture.md;
+    # config/paper_*.yaml sets the released values):
+    # how a box enters the geometry embedding: "corners" (x1/W, y1/H, x2/W, y2/H, as the paper writes) or
+    # "centre_size" ((x1+x2)/2W, (y1+y2)/2H, (x2-x1)/W, (y2-y1)/H, common/utils/bbox.py)
+    geometry_encoding: str = "corners"
+    # whether [END] adds box 0's visual term like the words (ours) or is its token embedding only (released)
+    end_visual_term: bool = True
+    # whether a text-only sample's visual vector passes the words' visual LayerNorm (released
+    # aux_text_visual_embedding -> visual_ln_text) or is added as it is (ours)
+    text_only_visual_norm: bool = False
+    # whether a text-only sample ends with [END] (released: yes, right after its [SEP]) or not (ours)
+    text_only_end: bool = False
+    # RoIAlign bilinear samples per bin side (released ROIAlign: sampling_ratio 1)
+    roi_sampling_ratio: int = 2
+    # the masked-RoI classification head's transform: dense -> act -> LayerNorm (ours, as BERT's MLM head)
+    # or dense -> act (released VisualLinguisticBertMVRCHeadTransform)
+    roi_cls_layer_norm: bool = True
+    # task heads' layer structure: "project" (tasks/heads/*, this project's) or "released" (the authors'
+    # VQA 'mlm' classifier, RefCOCO+ MVRC-transform head, VCR pooler + 1fc head)
+    task_heads: str = "project"
     bert_path: str = ""              # spec the weights/vocab came from
 
     def __post_init__(self) -> None:
@@ -59,6 +85,13 @@ class VLBertConfig:
         if self.num_object_classes < 1 or self.appearance_dim < 1:
             raise ValueError(f"VLBertConfig: num_object_classes ({self.num_object_classes}) and appearance_dim "
                              f"({self.appearance_dim}) must be >= 1")
+        if self.geometry_encoding not in GEOMETRY_ENCODINGS:
+            raise ValueError(f"VLBertConfig: geometry_encoding must be one of {GEOMETRY_ENCODINGS}, got "
+                             f"{self.geometry_encoding!r}")
+        if self.task_heads not in TASK_HEAD_LAYOUTS:
+            raise ValueError(f"VLBertConfig: task_heads must be one of {TASK_HEAD_LAYOUTS}, got {self.task_heads!r}")
+        if self.roi_sampling_ratio < 0:
+            raise ValueError(f"VLBertConfig: roi_sampling_ratio must be >= 0 (0: adaptive), got {self.roi_sampling_ratio}")
         if not 0 <= self.frozen_stages <= 5:
             raise ValueError(f"VLBertConfig: frozen_stages must be in 0..5, got {self.frozen_stages}")
 
@@ -79,6 +112,13 @@ class VLBertConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+
+def visual_pixel_format(config: VLBertConfig) -> str:
+    """The pixel format the visual network's weights expect (detector/pixels.py): its backbone's."""
+    from vlbert_core.detector.pixels import DEFAULT_PIXEL_FORMAT
+
+    return str(config.visual_backbone.get("pixel_format") or DEFAULT_PIXEL_FORMAT)
 
 
 def bert_fields_from_hf_config(hf_config: Mapping[str, Any], num_hidden_layers: int | None = None) -> dict:

@@ -32,7 +32,10 @@ APPEARANCE_STD_FLOOR = 1e-2
 
 
 class VisualFeatureEmbedding(nn.Module):
-    """[geometry || appearance] -> Dropout -> Linear -> ReLU, one vector per box.
+    """[geometry || appearance] -> Dropout -> Linear -> ReLU, one vector per box (released `obj_downsample`).
+
+    The geometry embeds the box corners or, with geometry_encoding "centre_size" as released, its centre and
+    size, each divided by the image's width or height.
 
     With `standardise_appearance`, each appearance dimension is first z-scored with the mean and standard
     deviation that `set_appearance_statistics` measured on RoI features. Raw features of a small frozen
@@ -43,6 +46,7 @@ class VisualFeatureEmbedding(nn.Module):
     def __init__(self, config: VLBertConfig):
         super().__init__()
         self.geometry_dim = config.geometry_dim
+        self.geometry_encoding = config.geometry_encoding
         self.standardise_appearance = config.standardise_appearance
         # Buffers, so they are saved with the model and every process and task uses the same numbers.
         self.register_buffer("appearance_mean", torch.zeros(config.appearance_dim))
@@ -71,6 +75,9 @@ class VisualFeatureEmbedding(nn.Module):
         # Box 0 is [0, 0, W, H], so it carries each image's size; clamp keeps padded samples finite.
         size = boxes[:, :1, 2:4].clamp(min=1.0)                                                # [B, 1, 2]
         normalised = boxes / size.repeat(1, 1, 2)
+        if self.geometry_encoding == "centre_size":
+            corner1, corner2 = normalised[..., :2], normalised[..., 2:]
+            normalised = torch.cat([(corner1 + corner2) / 2, corner2 - corner1], dim=-1)
         geometry = geometry_embedding(normalised, self.geometry_dim).to(appearance.dtype)
         return self.activation(self.linear(self.dropout(torch.cat([geometry, appearance], dim=-1))))
 
@@ -98,6 +105,8 @@ class VLBertEmbeddings(nn.Module):
         self.visual_norm_object = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
         self.visual_scale_text_init = config.visual_scale_text_init
         self.visual_scale_object_init = config.visual_scale_object_init
+        self.end_visual_term = config.end_visual_term
+        self.text_only_visual_norm = config.text_only_visual_norm
 
     def reset_special_parameters(self, std: float) -> None:
         for p in (self.img_token, self.masked_roi_token, self.end_token):
@@ -123,7 +132,10 @@ class VLBertEmbeddings(nn.Module):
             special_index = special_index + element_masked.long()
         token = torch.where(is_text, self.word_embeddings(input_ids), special[special_index])
 
-        visual = self.text_only_visual.expand_as(token)
+        text_only_visual = self.text_only_visual
+        if self.text_only_visual_norm:
+            text_only_visual = self.visual_norm_text(text_only_visual)
+        visual = text_only_visual.expand_as(token)
         if roi_features is not None:
             per_box = self.visual_feature(boxes, roi_features)                                 # [B, R, H]
             # Each LayerNorm runs on the boxes, not the elements (an element is its box's vector): [IMG]
@@ -134,6 +146,9 @@ class VLBertEmbeddings(nn.Module):
             image_visual = torch.where(is_img, torch.gather(objects, 1, index),
                                        self.visual_norm_text(per_box[:, :1]))
             visual = torch.where(has_image[:, None, None], image_visual, visual)
+        if not self.end_visual_term:
+            # released: [END] is its token embedding alone (plus position and segment)
+            visual = visual.masked_fill((element_kind == END)[..., None], 0.0)
 
         embeddings = token + visual + self.position_embeddings(position_ids) + self.segment_embeddings(segment_ids)
         return self.dropout(self.layer_norm(embeddings))

@@ -12,16 +12,18 @@ from .vlbert import INIT_STD, init_new_parameters
 
 
 class PredictionTransform(nn.Module):
-    """BERT's head transform: dense -> activation -> LayerNorm."""
+    """BERT's head transform: dense -> activation -> LayerNorm (without the LayerNorm: the released MVRC
+    head's transform)."""
 
-    def __init__(self, config: VLBertConfig):
+    def __init__(self, config: VLBertConfig, layer_norm: bool = True):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.act = activation_fn(config.hidden_act)
-        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if layer_norm else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layer_norm(self.act(self.dense(x)))
+        x = self.act(self.dense(x))
+        return x if self.layer_norm is None else self.layer_norm(x)
 
 
 class MLMHead(nn.Module):
@@ -58,7 +60,7 @@ class MaskedRoIClassificationHead(nn.Module):
 
     def __init__(self, config: VLBertConfig):
         super().__init__()
-        self.transform = PredictionTransform(config)
+        self.transform = PredictionTransform(config, layer_norm=config.roi_cls_layer_norm)
         self.classifier = nn.Linear(config.hidden_size, config.num_object_classes)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ import numpy as np
 
 TEXT, IMG, END = 0, 1, 2  # element kinds
 SEGMENT_A, SEGMENT_B, SEGMENT_VISUAL = 0, 1, 2
+IGNORE_INDEX = -100  # label of positions without a target, for every loss (torch's cross_entropy default)
 
 
 @dataclass
@@ -23,10 +24,11 @@ class InputSequence:
 
 
 def build_input_sequence(ids_a: list[int], ids_b: list[int] | None, num_rois: int | None, *, cls_id: int,
-                         sep_id: int, pad_id: int) -> InputSequence:
+                         sep_id: int, pad_id: int, text_only_end: bool = False) -> InputSequence:
     """[CLS] A [SEP] (B [SEP])? then num_rois [IMG] elements, then [END].
 
-    num_rois None builds a text-only <Text, ∅> sample (no [IMG], no [END]); otherwise num_rois counts
+    num_rois None builds a text-only <Text, ∅> sample (no [IMG]; no [END] either, unless `text_only_end`, as the
+    released code, whose text-only samples end with [END] right after the text); otherwise num_rois counts
     box 0 (the whole image) and must be >= 1. Segments: A = 0, B = 1, IMG/END = 2. Positions: text
     0, 1, ...; every [IMG] shares the next id (RoIs are unordered) and [END] takes the one after.
     """
@@ -49,6 +51,12 @@ def build_input_sequence(ids_a: list[int], ids_b: list[int] | None, num_rois: in
         segment_ids += [SEGMENT_VISUAL] * (num_rois + 1)
         position_ids += [num_text] * num_rois + [num_text + 1]
         roi_index += list(range(num_rois)) + [0]
+    elif text_only_end:
+        input_ids.append(pad_id)
+        element_kind.append(END)
+        segment_ids.append(SEGMENT_VISUAL)
+        position_ids.append(num_text)
+        roi_index.append(0)
     return InputSequence(input_ids=input_ids, element_kind=element_kind, segment_ids=segment_ids,
                          position_ids=position_ids, roi_index=roi_index)
 

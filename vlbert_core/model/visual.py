@@ -13,7 +13,6 @@ from vlbert_core.detector.resnet_c4 import build_resnet_c4, visual_state_dict
 from .config import VLBertConfig
 
 FEATURE_STRIDE = 16
-ROI_SAMPLING_RATIO = 2
 # The detector that initialises this network pools with torchvision's MultiScaleRoIAlign, which uses
 # the legacy aligned=False convention (as did the released VL-BERT's maskrcnn-benchmark ROIAlign);
 # pooling the same way keeps its stage-5 head seeing the features it was trained on.
@@ -56,6 +55,7 @@ class FastRCNNVisualNetwork(nn.Module):
         self.body = body
         self.head = head
         self.roi_align_size = config.roi_align_size
+        self.roi_sampling_ratio = config.roi_sampling_ratio
         self.tune = config.tune_frcnn
         self.freeze_bn = config.freeze_bn
         self.frozen_stages = config.frozen_stages
@@ -108,7 +108,7 @@ class FastRCNNVisualNetwork(nn.Module):
             sample_idx, box_idx = box_valid.nonzero(as_tuple=True)
             rois = torch.cat([sample_idx[:, None].to(boxes.dtype), boxes[sample_idx, box_idx]], dim=1)
             pooled = roi_align(feature_map, rois.to(feature_map.dtype), output_size=self.roi_align_size,
-                               spatial_scale=1.0 / FEATURE_STRIDE, sampling_ratio=ROI_SAMPLING_RATIO,
+                               spatial_scale=1.0 / FEATURE_STRIDE, sampling_ratio=self.roi_sampling_ratio,
                                aligned=ROI_ALIGNED)
             features = self.head(pooled)
         out = features.new_zeros(batch, num_boxes, features.shape[-1])

@@ -32,6 +32,7 @@ import webdataset as wds
 from PIL import Image
 
 from vlbert_core.model import VLBertBatch, build_input_sequence, collate_samples, image_to_tensor
+from vlbert_core.detector.pixels import DEFAULT_PIXEL_FORMAT
 from vlbert_core.model.batch import fit_image
 from vlbert_core.model.inputs import boxes_with_whole_image
 from vlbert_core.utils import get_logger
@@ -145,6 +146,8 @@ class StreamConfig:
     stream: int = 0           # this stream's index s among the num_streams of the run
     num_streams: int = 1      # S = world size x streams per rank
     held_out_per_shard: int = 0  # first samples of every CC shard kept out of pre-training
+    pixel_format: str = DEFAULT_PIXEL_FORMAT   # what the visual network's weights expect (detector/pixels.py)
+    text_only_end: bool = False   # <Text, ∅> samples end with [END] (VLBertConfig.text_only_end), within max_text_len
 
 
 def _stream_shards(shards: list, stream: int, num_streams: int, what: str) -> list:
@@ -180,9 +183,10 @@ def _epoch_pipeline(urls: list[str], seed: int, stream: int, source: int, epoch:
     return iter(wds.DataPipeline(*stages))
 
 
-def decode_cc_sample(raw: dict, rois: RoiEntry, image_max_side: int, max_rois: int) -> dict:
-    """The caption, the image (fitted to image_max_side, normalised) and its boxes (box 0 = whole image) with
-    their class scores (a zero row for box 0), from one raw CC sample and its RoI row."""
+def decode_cc_sample(raw: dict, rois: RoiEntry, image_max_side: int, max_rois: int,
+                     pixel_format: str = DEFAULT_PIXEL_FORMAT) -> dict:
+    """The caption, the image (fitted to image_max_side, normalised as `pixel_format`) and its boxes (box 0 =
+    whole image) with their class scores (a zero row for box 0), from one raw CC sample and its RoI row."""
     image_field = next(ext for ext in IMAGE_EXTENSIONS if ext in raw)
     try:
         with Image.open(io.BytesIO(raw[image_field])) as decoded:
@@ -196,7 +200,7 @@ def decode_cc_sample(raw: dict, rois: RoiEntry, image_max_side: int, max_rois: i
     limits = np.array([width, height, width, height], dtype=np.float32)
     boxes = boxes_with_whole_image(np.clip(rois.boxes * scale, 0.0, limits), width, height, max_rois)
     class_scores = np.concatenate([np.zeros((1, rois.class_scores.shape[1]), np.float32), rois.class_scores])
-    return {"key": raw.get("__key__"), "caption": raw["txt"].decode("utf-8").strip(), "image": image_to_tensor(img),
+    return {"key": raw.get("__key__"), "caption": raw["txt"].decode("utf-8").strip(), "image": image_to_tensor(img, pixel_format),
             "boxes": torch.from_numpy(boxes), "class_scores": class_scores[: boxes.shape[0]]}
 
 
@@ -216,7 +220,7 @@ def read_cc_samples(shard_pairs: list[tuple[str, str]], first: int, stop: int, c
                 break
             rois = entries.get(raw.get("__key__"))
             if position >= first and rois is not None and _has_image_and_caption(raw):
-                samples.append(decode_cc_sample(raw, rois, cfg.image_max_side, cfg.max_rois))
+                samples.append(decode_cc_sample(raw, rois, cfg.image_max_side, cfg.max_rois, cfg.pixel_format))
     return samples
 
 
@@ -305,7 +309,8 @@ class CaptionImageStream:
             # every CC sample is accounted for: its RoI row failed (download/decode) or does not exist
             self.skipped[f"roi_{failures[key]}" if key in failures else "no_roi_row"] += 1
             return None
-        decoded = decode_cc_sample(raw, rois, self.cfg.image_max_side, self.cfg.max_rois)
+        decoded = decode_cc_sample(raw, rois, self.cfg.image_max_side, self.cfg.max_rois,
+                                       self.cfg.pixel_format)
         caption, boxes = decoded["caption"], decoded["boxes"]
         rng = sample_rng(self.cfg.seed, self.cfg.stream, _SOURCE_CC, self.epoch, index)
 
@@ -370,7 +375,8 @@ class TextStream:
             self.skipped["empty_document"] += 1
             return []
         line_ids = self.tokenizer(lines, add_special_tokens=False)["input_ids"]
-        return text_chunks(line_ids, self.cfg.max_text_len - 2)
+        special = 3 if self.cfg.text_only_end else 2   # [CLS], [SEP] (and [END])
+        return text_chunks(line_ids, self.cfg.max_text_len - special)
 
     def _start_epoch(self) -> None:
         self._iterator = _epoch_pipeline(self.shards, self.cfg.seed, self.cfg.stream, _SOURCE_TEXT, self.epoch)
@@ -406,8 +412,10 @@ class TextStream:
         self.chunks_done += 1
         masked_ids, labels = whole_word_mask(ids, self.tokenizer.convert_ids_to_tokens(ids), rng, self.vocab)
         seq = build_input_sequence(masked_ids, None, None, cls_id=self.tokenizer.cls_token_id,
-                                   sep_id=self.tokenizer.sep_token_id, pad_id=self.tokenizer.pad_token_id)
-        return {"sequence": seq, "mlm_labels": [IGNORE_INDEX, *labels, IGNORE_INDEX], "relationship": IGNORE_INDEX}
+                                   sep_id=self.tokenizer.sep_token_id, pad_id=self.tokenizer.pad_token_id,
+                                   text_only_end=self.cfg.text_only_end)
+        mlm_labels = [IGNORE_INDEX, *labels] + [IGNORE_INDEX] * (len(seq.input_ids) - len(labels) - 1)
+        return {"sequence": seq, "mlm_labels": mlm_labels, "relationship": IGNORE_INDEX}
 
 
 # ---- batches -----------------------------------------------------------------------------------------

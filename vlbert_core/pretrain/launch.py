@@ -79,7 +79,7 @@ def distributed_command(launch: Launch, pretrain_args: Sequence[str], *, python:
     if not job_id:
         raise RuntimeError(
             f"pretrain.launch asks for {launch.nodes} nodes, which needs a SLURM allocation: run the workflow "
-            "with --profile profiles/slurm (README: 'Pre-training on several GPUs and nodes'), or set "
+            "with --profile profiles/slurm (docs/multi-gpu.md), or set "
             "pretrain.launch.nodes: 1")
     # The allocation's size is not checked here: the SLURM plugin's job step drops every SLURM_* variable
     # but the job id, and srun itself fails with "only N nodes allocated" when it is too small.

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from vlbert_core.detector import build_resnet_c4, load_detector
 from vlbert_core.model import VLBertConfig, VLBertModel, build_input_sequence, collate_samples, load_tokenizer
 from vlbert_core.model.bert_init import read_bert_config
-from vlbert_core.model.config import bert_fields_from_hf_config
+from vlbert_core.model.config import RELEASED_OPTION_KEYS, bert_fields_from_hf_config, visual_pixel_format
 from vlbert_core.utils import atomic_path, get_logger, seed_everything
 
 from .data import (
@@ -41,6 +41,7 @@ from .masking import MaskingVocab
 from .objectives import VLBertForPretraining, target_counts
 from .settings import PretrainSetting, get_setting
 from .visual_clue import visual_clue_check
+from ..safe_pickle import load_torch_file
 
 log = get_logger(__name__)
 
@@ -76,6 +77,13 @@ def build_vlbert_config(model_cfg: Mapping[str, Any], detector_meta: Mapping[str
     """VLBertConfig from the config's `model:` section, the BERT checkpoint and the detector checkpoint."""
     _require(model_cfg, MODEL_KEYS, "model")
     backbone = {k: v for k, v in dict(detector_meta["config"]["backbone"]).items() if k != "init_weights"}
+    if model_cfg.get("visual_head_dilation") is not None:
+        # released: the detector's stage 5 re-used per RoI at stride 1, dilation 2 (IMAGE_C5_DILATED)
+        backbone["head_dilation"] = int(model_cfg["visual_head_dilation"])
+    if model_cfg.get("visual_stem_pool") is not None:
+        # released: VL-BERT's own ResNet pools its stem the torchvision way, though its weights are the Caffe
+        # detector's (resnet101-pt-vgbua)
+        backbone["stem_pool"] = str(model_cfg["visual_stem_pool"])
     _, _, _, appearance_dim = build_resnet_c4(backbone)
     return VLBertConfig(
         **bert_fields_from_hf_config(read_bert_config(model_cfg["bert_path"]), int(model_cfg["num_hidden_layers"])),
@@ -86,6 +94,7 @@ def build_vlbert_config(model_cfg: Mapping[str, Any], detector_meta: Mapping[str
         visual_scale_text_init=float(model_cfg.get("visual_scale_text_init", 0.0)),
         visual_scale_object_init=float(model_cfg.get("visual_scale_object_init", 0.0)),
         standardise_appearance=bool(model_cfg.get("standardise_appearance", False)),
+        **{k: model_cfg[k] for k in RELEASED_OPTION_KEYS if model_cfg.get(k) is not None},
     )
 
 
@@ -120,7 +129,10 @@ def _gather(obj: Any, world_size: int) -> list:
 
 
 def _rng_state(device: torch.device) -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    # Plain types and tensors only, so that the checkpoint loads with weights_only=True (no pickled code).
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    numpy_state = [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached_gaussian)]
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -128,10 +140,19 @@ def _rng_state(device: torch.device) -> dict:
 
 def _set_rng_state(state: dict, device: torch.device) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, cached_gaussian = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached_gaussian))
     torch.set_rng_state(state["torch"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def load_pretrain_checkpoint(path: Path) -> dict:
+    """Our own resume checkpoint, read with weights_only=True: a doctored file cannot run code."""
+    try:
+        return load_torch_file(path, "a pre-training checkpoint")
+    except ValueError as e:
+        raise ValueError(f"{e}; delete it to start this setting from scratch") from e
 
 
 def _fingerprint(**parts: Any) -> str:
@@ -250,7 +271,8 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
     stream_cfg = StreamConfig(max_caption_len=int(pretrain_cfg["max_caption_len"]),
                               max_text_len=int(pretrain_cfg["max_text_len"]), max_rois=int(model_cfg["max_rois"]),
                               image_max_side=int(model_cfg["image_max_side"]), seed=seed,
-                              held_out_per_shard=int(pretrain_cfg["held_out_per_shard"]))
+                              held_out_per_shard=int(pretrain_cfg["held_out_per_shard"]),
+                              pixel_format=visual_pixel_format(config), text_only_end=config.text_only_end)
 
     if config.standardise_appearance:
         boxes = measure_appearance_statistics(model, cc_shards, roi_parquets, tokenizer, stream_cfg, dev)
@@ -289,7 +311,7 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
     step, metrics, resumed_from = 0, [], None
     ckpt_path = out / CHECKPOINT_FILE
     if ckpt_path.is_file():
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        ckpt = load_pretrain_checkpoint(ckpt_path)
         if ckpt.get("format") == CHECKPOINT_FORMAT and ckpt.get("fingerprint") == fingerprint:
             module.model.load_state_dict(ckpt["model"])
             module.heads.load_state_dict(ckpt["heads"])

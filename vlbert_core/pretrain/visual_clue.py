@@ -18,6 +18,7 @@ import math
 import torch
 
 from vlbert_core.model import build_input_sequence, collate_samples
+from vlbert_core.model.inputs import IGNORE_INDEX
 from vlbert_core.utils import get_logger
 
 from .masking import word_groups
@@ -37,11 +38,11 @@ CAPTIONS_PER_CHUNK = 16  # captions whose masked variants share one forward pass
 def strided_word_variants(ids: list[int], tokens: list[str], mask_id: int,
                           stride: int = WORD_STRIDE) -> list[tuple[list[int], list[int]]]:
     """(input ids, labels) pairs that mask every whole word exactly once: variant j masks words j, j + stride,
-    ... (their WordPieces -> [MASK], labelled with their ids); other positions unchanged, label -100."""
+    ... (their WordPieces -> [MASK], labelled with their ids); other positions unchanged, label IGNORE_INDEX."""
     groups = word_groups(tokens)
     variants = []
     for first in range(min(stride, len(groups))):
-        masked, labels = list(ids), [-100] * len(ids)
+        masked, labels = list(ids), [IGNORE_INDEX] * len(ids)
         for group in groups[first::stride]:
             for i in group:
                 masked[i], labels[i] = mask_id, ids[i]
@@ -76,17 +77,17 @@ def _chunk_correct(model, mlm_head, captions: list[dict], tokenizer, device) -> 
             samples.append({"sequence": sequence(masked_ids, len(caption["boxes"])),
                             "image": caption["image"][:, :1, :1], "boxes": caption["boxes"]})
             owner.append(caption_index)
-            labels.append([-100, *variant_labels])   # [CLS] first
+            labels.append([IGNORE_INDEX, *variant_labels])   # [CLS] first
     batch = collate_samples(samples)
     batch.images = None
     batch = batch.to(device)
     features = roi_features[torch.as_tensor(owner, device=device), : batch.boxes.shape[1]]
     hidden = model(batch, roi_features=features).sequence_output
-    label_tensor = torch.full(batch.input_ids.shape, -100, dtype=torch.long)
+    label_tensor = torch.full(batch.input_ids.shape, IGNORE_INDEX, dtype=torch.long)
     for row, row_labels in enumerate(labels):
         label_tensor[row, : len(row_labels)] = torch.as_tensor(row_labels)
     label_tensor = label_tensor.to(device)
-    target = label_tensor != -100
+    target = label_tensor != IGNORE_INDEX
     predicted = mlm_head(hidden[target]).argmax(-1)
     return (predicted == label_tensor[target]).cpu()
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from vlbert_core.pretrain.settings import get_setting
+from vlbert_core.pretrain.settings import RELEASED_SETTING, get_setting
 from vlbert_core.utils import atomic_path, get_logger
 
 log = get_logger(__name__)
@@ -36,6 +36,7 @@ SETTING_NAMES = {
     "c": "(c)",
     "d": "(d)",
     "full": "VL-BERT BASE",
+    RELEASED_SETTING: "released VL-BERT",
 }
 # The Table 4 switch columns, in the paper's order; the switches themselves live in pretrain.settings.
 SWITCH_COLUMNS = ["mlm_visual", "masked_roi_cls", "relationship", "text_corpus", "tune_frcnn"]
@@ -63,6 +64,8 @@ class TableSpec:
     schedule: str
     decimals: int  # the paper's precision in this table; the Markdown shows both numbers with it
     settings: list[str] = field(default_factory=list)  # measured settings; empty → from config
+    # a last row for the released model (pretrain.init_from) when the config has one; it has no paper row
+    released_row: bool = False
 
 
 NO_TEST_LABELS = "not run: test labels are held by the evaluation server"
@@ -83,6 +86,7 @@ TABLE_SPECS = {
         schedule="full",
         decimals=1,
         settings=["none", "full"],
+        released_row=True,
     ),
     "table2_vqa": TableSpec(
         "table2_vqa",
@@ -94,6 +98,7 @@ TABLE_SPECS = {
         schedule="full",
         decimals=2,
         settings=["none", "full"],
+        released_row=True,
     ),
     "table3_refcoco": TableSpec(
         "table3_refcoco",
@@ -109,6 +114,7 @@ TABLE_SPECS = {
         schedule="full",
         decimals=2,
         settings=["none", "full"],
+        released_row=True,
     ),
     "table4_ablation": TableSpec(
         "table4_ablation",
@@ -170,8 +176,17 @@ def _switch_cells(setting: str) -> dict:
     return {name: ("✓" if switches[name] else "") for name in SWITCH_COLUMNS}
 
 
-def measured_model_name(model_name: str, setting: str) -> str:
-    """Our model's name in the paper's words: 'X w/o pre-training', 'X' (full), 'X, setting (a)'."""
+def released_model_name(released_from: str | None) -> str:
+    """The row of pretrain.init_from: the authors' model, named by its converted directory."""
+    name = Path(str(released_from)).name if released_from else "pretrain.init_from"
+    return f"released VL-BERT ({name}), fine-tuned and evaluated by this pipeline"
+
+
+def measured_model_name(model_name: str, setting: str, released_from: str | None = None) -> str:
+    """Our model's name in the paper's words: 'X w/o pre-training', 'X' (full), 'X, setting (a)'; the
+    released model's row names it instead."""
+    if setting == RELEASED_SETTING:
+        return released_model_name(released_from)
     if setting == "none":
         return f"{model_name} w/o pre-training"
     if setting == "full":
@@ -185,10 +200,11 @@ def build_table(
     settings: list[str],
     dataset: str,
     model_name: str,
+    released_from: str | None = None,
 ) -> list[dict]:
     """Rows of one table: the paper's rows, each VL-BERT setting followed by our row for it."""
     reported = [r for r in load_reported() if r["table"] == spec.name]
-    paper_settings = list(dict.fromkeys(spec.settings or SETTING_NAMES))
+    paper_settings = [s for s in dict.fromkeys(spec.settings or SETTING_NAMES) if s != RELEASED_SETTING]
     measured_settings = [s for s in paper_settings if s in settings]
 
     def reported_row(model: str, setting: str) -> dict:
@@ -205,7 +221,7 @@ def build_table(
     def measured_row(setting: str, paper_row: dict | None) -> dict:
         row = {
             "source": "measured",
-            "model": measured_model_name(model_name, setting),
+            "model": measured_model_name(model_name, setting, released_from),
             "setting": setting,
             "schedule": spec.schedule,
             "dataset": dataset,
@@ -245,6 +261,8 @@ def build_table(
             placed.add(setting)
     # A setting we measure that has no row in the paper still gets its row, at the end.
     rows += [measured_row(s, None) for s in measured_settings if s not in placed]
+    if spec.released_row and RELEASED_SETTING in settings:
+        rows.append(measured_row(RELEASED_SETTING, None))
     return rows
 
 
@@ -321,12 +339,13 @@ def describe_model(model_cfg: dict) -> str:
 
 
 def write_tables(results_dir: str | Path, tables_dir: str | Path, settings: list[str], dataset: str,
-                 model_cfg: dict) -> dict[str, Path]:
-    """Write every table as CSV + Markdown; return the CSV paths by table name."""
+                 model_cfg: dict, released_from: str | None = None) -> dict[str, Path]:
+    """Write every table as CSV + Markdown; return the CSV paths by table name. `settings` may include
+    RELEASED_SETTING (pretrain.init_from = `released_from`)."""
     results_dir, tables_dir = Path(results_dir), Path(tables_dir)
     written = {}
     for spec in TABLE_SPECS.values():
-        rows = build_table(spec, results_dir, settings, dataset, describe_model(model_cfg))
+        rows = build_table(spec, results_dir, settings, dataset, describe_model(model_cfg), released_from)
         csv_path = tables_dir / f"{spec.name}.csv"
         write_csv(rows, table_header(spec), csv_path)
         with atomic_path(tables_dir / f"{spec.name}.md") as tmp:

@@ -22,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from vlbert_core.model import load_tokenizer
+from vlbert_core.model.config import visual_pixel_format
 from vlbert_core.utils import atomic_path, get_logger, seed_everything
 
 from .finetune import FinetuneModel, build_task_data, load_finetuned, read_task_rois
@@ -62,9 +63,12 @@ def _predict_vqa(model, data, batch_size, device, answers) -> list[dict]:
 def _predict_vcr(model, data, batch_size, device, task) -> list[dict]:
     rows = []
     for indices, out, _ in _predict(model, data, batch_size, device, f"predict {task}"):
+        # the choice is the argmax of the scores, as the authors' code takes it (softmax can tie
+        # two scores that differ)
+        choices = out["scores"].argmax(dim=1).tolist()
         probabilities = torch.softmax(out["scores"], dim=1)
-        for i, probs in zip(indices, probabilities):
-            rows.append({"annot_id": data.items[i].annot_id, "prediction": int(probs.argmax()),
+        for i, choice, probs in zip(indices, choices, probabilities):
+            rows.append({"annot_id": data.items[i].annot_id, "prediction": int(choice),
                          "probabilities": [round(float(p), 6) for p in probs]})
     return rows
 
@@ -99,7 +103,7 @@ def predict_splits(model_dir: str | os.PathLike, targets: list[tuple[str, str]],
             raise ValueError(f"eval task {eval_task} needs a {EVAL_TASKS[eval_task]} "
                              f"model; {model_dir} was fine-tuned on {meta['name']}")
     tokens = Tokens(load_tokenizer(model.vlbert.config.bert_path))
-    images = ImageLoader(int(model_cfg["image_max_side"]))
+    images = ImageLoader(int(model_cfg["image_max_side"]), pixel_format=visual_pixel_format(model.vlbert.config))
     rois, rois_source = read_task_rois(list(rois_paths))
     batch_size = int(meta["batch_size"])
     task = meta["name"]

@@ -27,6 +27,7 @@ from torch import nn
 from tqdm import tqdm
 
 from vlbert_core.model import VLBertConfig, VLBertModel, VLBertOutput, load_tokenizer
+from vlbert_core.model.config import visual_pixel_format
 from vlbert_core.utils import atomic_path, get_logger, seed_everything
 
 from . import TASKS
@@ -189,15 +190,17 @@ class FinetuneModel(nn.Module):
                               else FrozenRoIFeatureCache(vlbert.visual_network, cfg.appearance_dim))
         dropout = cfg.hidden_dropout_prob
         self.roi_classifier = None
+        layout = cfg.task_heads
         if task == "vqa":
             self.head = VQAHead(cfg.hidden_size, len(meta["answers"]), meta["mask_id"], dropout,
-                                cfg.layer_norm_eps)
+                                cfg.layer_norm_eps, layout=layout)
         elif task.startswith("vcr"):
-            self.head = VCRHead(cfg.hidden_size, dropout)
-            self.roi_classifier = VCRRoIClassifier(cfg.hidden_size, len(meta["object_names"]), dropout)
+            self.head = VCRHead(cfg.hidden_size, dropout, layout=layout)
+            self.roi_classifier = VCRRoIClassifier(cfg.hidden_size, len(meta["object_names"]), dropout,
+                                                   layout=layout)
             self.aux_weight = float(meta["aux_roi_loss_weight"])
         else:
-            self.head = RefCOCOHead(cfg.hidden_size, dropout)
+            self.head = RefCOCOHead(cfg.hidden_size, dropout, layout=layout)
 
     def encode(self, batch, extras: Mapping[str, Any] | None = None) -> VLBertOutput:
         """VL-BERT outputs; the frozen visual network's features come from the cache."""
@@ -347,13 +350,17 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
     seed_everything(seed)
     pretrained = VLBertModel.load(pretrained_dir)
     # tune_frcnn is a fine-tuning choice: rebuild with it so the visual network (un)freezes itself
-    config = VLBertConfig.from_dict({**pretrained.config.to_dict(), "tune_frcnn": bool(tune_frcnn)})
+    # so are the task heads' layout (model.task_heads) when the config names one
+    overrides = {"tune_frcnn": bool(tune_frcnn)}
+    if model_cfg.get("task_heads") is not None:
+        overrides["task_heads"] = str(model_cfg["task_heads"])
+    config = VLBertConfig.from_dict({**pretrained.config.to_dict(), **overrides})
     vlbert = VLBertModel(config)
     vlbert.load_state_dict(pretrained.state_dict())
     del pretrained
 
     tokens = Tokens(load_tokenizer(config.bert_path))
-    images = ImageLoader(int(model_cfg["image_max_side"]))
+    images = ImageLoader(int(model_cfg["image_max_side"]), pixel_format=visual_pixel_format(config))
     rois, rois_source = read_task_rois(list(rois_paths))
     max_rois, max_text_len = int(model_cfg["max_rois"]), int(hp["max_text_len"])
     meta: dict[str, Any] = {"name": task, "setting": setting, "schedule": schedule,

@@ -2,8 +2,10 @@
 the accuracy@0.5 metric.
 
 One sample per (ref, sentence), as in the UNC splits (train / val / testA / testB). Boxes are
-x1,y1,x2,y2 in continuous pixel coordinates (COCO `bbox` x,y,w,h -> x, y, x+w, y+h), so boxes
-that only touch have IoU 0. Torch-free.
+x1,y1,x2,y2 with x2 = x + w, y2 = y + h from the COCO `bbox` x,y,w,h, as the released VL-BERT code
+builds them; their IoU is the one that code scores with (docs/metrics.md): widths, heights and
+overlaps count pixels inclusively (x2 - x1 + 1), so boxes that only touch overlap by one pixel
+row. Torch-free.
 """
 
 from __future__ import annotations
@@ -27,16 +29,21 @@ CORRECT_IOU = 0.5  # a prediction is correct when IoU >= 0.5
 
 
 def box_iou(boxes_a: np.ndarray, boxes_b: np.ndarray) -> np.ndarray:
-    """IoU matrix (N x M) of x1,y1,x2,y2 boxes; degenerate (zero-area) pairs give 0."""
+    """IoU matrix (N x M) of x1,y1,x2,y2 boxes, pixel-inclusive as in VL-BERT's RefCOCO+ scoring.
+
+    overlap = max(0, min(x2) - max(x1) + 1) * max(0, min(y2) - max(y1) + 1) and
+    area = (x2 - x1 + 1) * (y2 - y1 + 1); a pair whose union is not positive (only boxes with
+    x2 < x1 or y2 < y1 give one) has IoU 0.
+    """
     a = np.asarray(boxes_a, dtype=np.float64).reshape(-1, 4)
     b = np.asarray(boxes_b, dtype=np.float64).reshape(-1, 4)
     ix1 = np.maximum(a[:, None, 0], b[None, :, 0])
     iy1 = np.maximum(a[:, None, 1], b[None, :, 1])
     ix2 = np.minimum(a[:, None, 2], b[None, :, 2])
     iy2 = np.minimum(a[:, None, 3], b[None, :, 3])
-    inter = np.clip(ix2 - ix1, 0, None) * np.clip(iy2 - iy1, 0, None)
-    area_a = np.clip(a[:, 2] - a[:, 0], 0, None) * np.clip(a[:, 3] - a[:, 1], 0, None)
-    area_b = np.clip(b[:, 2] - b[:, 0], 0, None) * np.clip(b[:, 3] - b[:, 1], 0, None)
+    inter = np.clip(ix2 - ix1 + 1, 0, None) * np.clip(iy2 - iy1 + 1, 0, None)
+    area_a = (a[:, 2] - a[:, 0] + 1) * (a[:, 3] - a[:, 1] + 1)
+    area_b = (b[:, 2] - b[:, 0] + 1) * (b[:, 3] - b[:, 1] + 1)
     union = area_a[:, None] + area_b[None, :] - inter
     with np.errstate(divide="ignore", invalid="ignore"):
         iou = np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
@@ -44,8 +51,10 @@ def box_iou(boxes_a: np.ndarray, boxes_b: np.ndarray) -> np.ndarray:
 
 
 def xywh_to_xyxy(bbox) -> np.ndarray:
+    """COCO x,y,w,h -> x1,y1,x2,y2, added in float64 as the scoring code does (a float32 sum
+    can move an IoU across 0.5)."""
     x, y, w, h = (float(v) for v in bbox)
-    return np.array([x, y, x + w, y + h], dtype=np.float32)
+    return np.array([x, y, x + w, y + h], dtype=np.float64)
 
 
 @dataclass
@@ -185,12 +194,29 @@ def refcoco_image_paths(refs_path: str | os.PathLike, instances_path: str | os.P
     return {Path(name).stem: Path(images_dir) / name for name in data.image_files.values()}
 
 
+def check_predicted_boxes(boxes, where: str) -> np.ndarray:
+    """The predicted boxes as an N x 4 float array; a box that is not 4 finite numbers with
+    x1 <= x2 and y1 <= y2 is an error naming its row."""
+    rows = []
+    for i, box in enumerate(boxes):
+        try:
+            values = np.asarray(box, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: prediction #{i} box {box!r} is not numeric ({exc})") from None
+        if values.shape != (4,) or not np.all(np.isfinite(values)) \
+                or values[2] < values[0] or values[3] < values[1]:
+            raise ValueError(f"{where}: prediction #{i} box {box!r} is not x1,y1,x2,y2 with "
+                             "x1 <= x2 and y1 <= y2")
+        rows.append(values)
+    return np.stack(rows) if rows else np.zeros((0, 4))
+
+
 def refcoco_accuracy(predicted_boxes: np.ndarray, gt_boxes: np.ndarray) -> tuple[float, np.ndarray]:
-    """(accuracy in percent, per-expression IoU) of predicted vs referred boxes (IoU >= 0.5)."""
+    """(accuracy in percent, per-expression IoU): correct when IoU >= 0.5 (`CORRECT_IOU`)."""
     predicted = np.asarray(predicted_boxes, dtype=np.float64).reshape(-1, 4)
     gt = np.asarray(gt_boxes, dtype=np.float64).reshape(-1, 4)
     if len(predicted) != len(gt) or len(gt) == 0:
         raise ValueError(f"need as many predictions as expressions (>0); got {len(predicted)} "
                          f"and {len(gt)}")
     ious = np.array([box_iou(p, g)[0, 0] for p, g in zip(predicted, gt)])
-    return 100.0 * float(np.mean(ious >= CORRECT_IOU)), ious
+    return 100.0 * float(np.sum(ious >= CORRECT_IOU)) / len(ious), ious

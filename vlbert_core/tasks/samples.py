@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from vlbert_core.detector.pixels import DEFAULT_PIXEL_FORMAT
 from vlbert_core.model.batch import VLBertBatch, collate_samples, image_to_tensor
 from vlbert_core.model.inputs import (
     TEXT,
@@ -37,13 +38,14 @@ log = get_logger(__name__)
 class ImageLoader:
     """Decoded, resized and normalised task images, cached (several questions share an image)."""
 
-    def __init__(self, max_side: int, cache_size: int = 512):
+    def __init__(self, max_side: int, cache_size: int = 512, pixel_format: str = DEFAULT_PIXEL_FORMAT):
         self.max_side = int(max_side)
+        self.pixel_format = pixel_format
         self._load = functools.lru_cache(maxsize=cache_size)(self._load_uncached)
 
     def _load_uncached(self, path: str) -> tuple[torch.Tensor, float, int, int]:
         img, scale, (orig_w, orig_h) = load_task_image(path, self.max_side)
-        return image_to_tensor(img), scale, orig_w, orig_h
+        return image_to_tensor(img, self.pixel_format), scale, orig_w, orig_h
 
     def __call__(self, path: str | os.PathLike) -> tuple[torch.Tensor, float, int, int]:
         """(image [3, H, W], scale applied, original width, original height)."""

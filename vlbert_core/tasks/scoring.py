@@ -3,11 +3,13 @@
 Torch-free on purpose: like an evaluation server, scoring needs only the submission and the ground
 truth. Every question, expression or item of the split must be predicted exactly once; a missing or
 extra prediction is an error naming the file and the id, never a silently smaller denominator.
+The rules, and where the official code has each, are in docs/metrics.md.
 
 Eval JSON schema (the tables read exactly this):
 
-    {"task", "metric", "value" (percent), "split", "num_examples", "predictions" (path),
-     "setting", "schedule", "model_dir", "dataset"}
+    {"task", "metric", "value" (percent; VQA's rounded to 2 digits as the official code
+     reports it), "split", "num_examples", "predictions" (path), "setting", "schedule",
+     "model_dir", "dataset"}
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from vlbert_core.utils import atomic_path, get_logger
 
 from . import refcoco as refcoco_lib
 from . import vcr as vcr_lib
-from .vqa import load_vqa, vqa_accuracy
+from .vqa import load_vqa, vqa_accuracy, vqa_overall_accuracy, vqa_submission
 
 log = get_logger(__name__)
 
@@ -45,13 +47,16 @@ def _check_ids(predicted: list, expected: list, what: str, where: str) -> None:
 
 
 def score_vqa(rows: list[dict], questions_path: str, annotations_path: str, where: str) -> tuple[float, list[dict]]:
-    """Official VQA accuracy: min(1, matches/3) averaged over the 10 leave-one-out subsets."""
-    questions = {q.question_id: q for q in load_vqa(questions_path, annotations_path)}
-    _check_ids([r["question_id"] for r in rows], list(questions), "question_id", where)
-    accuracies = [vqa_accuracy(r["answer"], questions[r["question_id"]].answers) for r in rows]
-    # the submission format is exactly [{"question_id", "answer"}]
-    submission = [{"question_id": r["question_id"], "answer": r["answer"]} for r in rows]
-    return 100.0 * float(np.mean(accuracies)), submission
+    """Official VQA accuracy (percent, rounded as the official code reports it) and the
+    predictions in the official results format, unchanged from the bundle's order."""
+    submission = vqa_submission(rows, where)
+    questions = load_vqa(questions_path, annotations_path)
+    _check_ids([r["question_id"] for r in submission], [q.question_id for q in questions],
+               "question_id", where)
+    answers = {r["question_id"]: r["answer"] for r in submission}
+    in_official_order = sorted(questions, key=lambda q: q.annotation_index)
+    accuracies = [vqa_accuracy(answers[q.question_id], q.answers) for q in in_official_order]
+    return vqa_overall_accuracy(accuracies), submission
 
 
 def score_vcr(rows: list[dict], jsonl_path: str, eval_task: str, where: str) -> tuple[float, list[dict]]:
@@ -65,8 +70,8 @@ def score_vcr(rows: list[dict], jsonl_path: str, eval_task: str, where: str) -> 
         if label is None:
             raise ValueError(f"{jsonl_path}: item {item.annot_id} has no label; cannot score {eval_task}")
         scored.append({**r, "label": int(label)})
-    correct = [int(r["prediction"]) == r["label"] for r in scored]
-    return 100.0 * float(np.mean(correct)), scored
+    correct = vcr_lib.vcr_correct([r.get("prediction") for r in scored], [r["label"] for r in scored], where)
+    return vcr_lib.vcr_accuracy(correct), scored
 
 
 def score_refcoco(rows: list[dict], refs_path: str, instances_path: str, split: str,
@@ -75,10 +80,11 @@ def score_refcoco(rows: list[dict], refs_path: str, instances_path: str, split: 
     data = refcoco_lib.load_refcoco(refs_path, instances_path, split)
     expressions = {(e.ref_id, e.sent_id): e for e in data.expressions}
     _check_ids([(r["ref_id"], r["sent_id"]) for r in rows], list(expressions), "(ref_id, sent_id)", where)
-    predicted = np.array([r["box"] for r in rows], dtype=np.float64).reshape(-1, 4)
+    predicted = refcoco_lib.check_predicted_boxes([r.get("box") for r in rows], where)
     gt = np.stack([expressions[(r["ref_id"], r["sent_id"])].gt_box for r in rows])
     value, ious = refcoco_lib.refcoco_accuracy(predicted, gt)
-    scored = [{**r, "iou": round(float(iou), 4), "correct": bool(iou >= 0.5)} for r, iou in zip(rows, ious)]
+    scored = [{**r, "iou": round(float(iou), 4), "correct": bool(iou >= refcoco_lib.CORRECT_IOU)}
+              for r, iou in zip(rows, ious)]
     return value, scored
 
 

@@ -1,5 +1,5 @@
 """VCR: loaders of the official `{split}.jsonl` + per-image metadata JSON, the mixed-token text
-with object references, and the Q->AR metric.
+with object references, and the Q->A, QA->R and Q->AR metrics.
 
 Text: VCR tokens are strings or lists of object indices (`[0, 2]`). As in the released VL-BERT
 code, a reference becomes the object's name from the row's `objects` list ("person", "bottle");
@@ -199,17 +199,47 @@ def candidate_label(item: VcrItem, mode: str) -> int | None:
     return item.answer_label if mode == "q2a" else item.rationale_label
 
 
+def vcr_correct(predictions: Sequence[int], labels: Sequence[int], where: str = "VCR") -> list[bool]:
+    """Per question: the chosen candidate (argmax of the model's 4 scores) is the labelled one.
+
+    A prediction or label that is not an integer 0..3 is an error naming its position.
+    """
+    if len(predictions) != len(labels):
+        raise ValueError(f"{where}: {len(predictions)} predictions for {len(labels)} labels")
+    correct = []
+    for i, (prediction, label) in enumerate(zip(predictions, labels)):
+        for name, value in (("prediction", prediction), ("label", label)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+                    or not 0 <= value < NUM_CANDIDATES:
+                raise ValueError(f"{where}: entry #{i} has {name} {value!r}; expected an integer "
+                                 f"0..{NUM_CANDIDATES - 1}")
+        correct.append(int(prediction) == int(label))
+    return correct
+
+
 def vcr_q2ar_correct(q2a_pred: Sequence[int], qa2r_pred: Sequence[int],
-                     labels: Sequence[tuple[int, int]]) -> list[bool]:
+                     labels: Sequence[tuple[int, int]], where: str = "VCR Q->AR") -> list[bool]:
     """Per question: right only when both the answer and the rationale are right.
 
-    `labels` holds (answer_label, rationale_label) pairs, aligned with the predictions.
+    `labels` holds (answer_label, rationale_label) pairs, aligned with the predictions. The
+    QA->R prediction is the one made with the right answer in the query: when the answer is
+    wrong the question is wrong whatever the rationale, so this equals conditioning on the
+    predicted answer as the leaderboard does.
     """
     if not len(q2a_pred) == len(qa2r_pred) == len(labels):
         raise ValueError(f"Q->AR needs aligned inputs; got {len(q2a_pred)} Q->A predictions, "
                          f"{len(qa2r_pred)} QA->R predictions and {len(labels)} labels")
-    return [int(a) == int(la) and int(r) == int(lr)
-            for a, r, (la, lr) in zip(q2a_pred, qa2r_pred, labels)]
+    answers = vcr_correct(q2a_pred, [a for a, _ in labels], f"{where} (answers)")
+    rationales = vcr_correct(qa2r_pred, [r for _, r in labels], f"{where} (rationales)")
+    return [a and r for a, r in zip(answers, rationales)]
+
+
+def vcr_accuracy(correct: Sequence[bool]) -> float:
+    """Accuracy in percent: correct / questions * 100, unrounded (the authors' code rounds only
+    when printing)."""
+    if not correct:
+        raise ValueError("VCR accuracy needs at least one question")
+    return 100.0 * sum(bool(c) for c in correct) / len(correct)
 
 
 def read_vcr_predictions(path: str | os.PathLike) -> dict[str, dict]:
@@ -264,8 +294,9 @@ def q2ar_from_prediction_files(q2a_path: str | os.PathLike,
     ids = sorted(q2a)
     correct = vcr_q2ar_correct([q2a[i]["prediction"] for i in ids],
                                [qa2r[i]["prediction"] for i in ids],
-                               [(q2a[i]["label"], qa2r[i]["label"]) for i in ids])
-    return 100.0 * sum(correct) / len(correct), len(correct)
+                               [(q2a[i]["label"], qa2r[i]["label"]) for i in ids],
+                               f"Q->AR from {q2a_path} and {qa2r_path}")
+    return vcr_accuracy(correct), len(correct)
 
 
 def write_q2ar_json(q2a_path: str | os.PathLike, qa2r_path: str | os.PathLike,

@@ -1,21 +1,23 @@
-"""VQA v2: loaders of the official question/annotation JSON, answer normalisation, the answer
-vocabulary, soft scores and the official accuracy.
+"""VQA v2: loaders of the official question/annotation JSON, the official accuracy, the answer
+vocabulary and the soft training targets.
 
-Answer normalisation follows the official evaluation script (GT-Vision-Lab/VQA,
-`vqa/vqaEval.py`) to the letter, quirks included:
-- punctuation in `PUNCT` is deleted when it touches a space or when the text has a digit,digit
-  comma anywhere, and replaced by a space otherwise;
-- a period is deleted unless a digit follows it ("2.5" stays; "dog." -> "dog"); the official
-  regex `(?!<=\\d)(\\.)(?!\\d)` and its `re.UNICODE` passed as *count* (= at most 32 periods) are
-  kept as they are;
-- then words are lower-cased, number words zero..ten (and "none") become digits, articles
-  a/an/the are dropped and contractions written without apostrophe get it back ("dont" ->
-  "don't").
-In the official accuracy the prediction always gets both steps, while the ten human answers get
-only the punctuation step, and only when they are not all identical (the published annotations
-are already normalised). `vqa_accuracy` reproduces exactly that. Training targets and the answer
-vocabulary use the full normalisation on the human answers, as the BUTD answer preprocessing
-that the released VL-BERT code relies on does.
+The accuracy follows the official evaluation code (GT-Vision-Lab/VQA,
+`PythonEvaluationTools/vqaEvaluation/vqaEval.py`, `VQAEval.evaluate`, newest revision) rule for
+rule; docs/metrics.md lists each rule and where the official code has it:
+- the prediction and the ten human answers lose "\\n"/"\\t" (-> space) and outer whitespace;
+- only when those ten cleaned answers are not all the same are the prediction and the humans
+  normalised (`process_punctuation`, then `process_digit_article`); a unanimous question compares
+  the cleaned prediction with the cleaned answer as written ("Yes" or "yes." do not match "yes");
+- for each human, min(1, matches among the other nine / 3); the question scores their mean;
+- the overall number is 100 * sum / count rounded to 2 digits as Python 2 rounds (halves away
+  from zero), summed in the order of the annotations file.
+The official code is Python 2 on `unicode` text; where Python 3 would act differently the
+helpers below keep Python 2's behaviour: `\\d` in its regular expressions is ASCII only, the period
+regex's `re.UNICODE` lands in `count` (at most 32 periods go), `lower()` maps one code point at a
+time, U+180E is whitespace. (Not kept: the case mappings Unicode added after 5.2, e.g. Cherokee.)
+
+Every answer the model can write (the vocabulary) is a normalised answer that normalisation leaves
+unchanged, and a question's training target for it is its official accuracy (`soft_targets`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import os
 import re
 from collections import Counter
 from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Context, Decimal
 from pathlib import Path
+from typing import Sequence
 
 from vlbert_core.utils import get_logger
 
@@ -71,14 +75,22 @@ NUMBER_WORDS = {"none": "0", "zero": "0", "one": "1", "two": "2", "three": "3", 
 ARTICLES = ("a", "an", "the")
 PUNCT = (";", "/", "[", "]", '"', "{", "}", "(", ")", "=", "+", "\\", "_", "-", ">", "<", "@",
          "`", ",", "?", "!")
-PERIOD_STRIP = re.compile(r"(?!<=\d)(\.)(?!\d)")
-COMMA_STRIP = re.compile(r"(\d)(,)(\d)")
-# The official script calls PERIOD_STRIP.sub("", text, re.UNICODE): the flag lands in `count`.
+# The official patterns, typo'd lookbehind `(?!<=\d)` included (it never matches, so any period
+# not followed by a digit goes). Python 2 compiled them without re.UNICODE, so \d is 0-9 only.
+PERIOD_STRIP = re.compile(r"(?!<=\d)(\.)(?!\d)", re.ASCII)
+COMMA_STRIP = re.compile(r"(\d)(,)(\d)", re.ASCII)
+# The official code calls periodStrip.sub("", text, re.UNICODE): the flag lands in `count`.
 _OFFICIAL_PERIOD_COUNT = int(re.UNICODE)
+OFFICIAL_DIGITS = 2  # VQAEval(n=2): the overall accuracy is reported rounded to 2 digits
 
 
 def process_punctuation(text: str) -> str:
-    """The official `processPunctuation`."""
+    """The official `processPunctuation`.
+
+    Each mark in `PUNCT` is deleted when it touches a space in the input or when the input has a
+    digit,digit comma anywhere; otherwise it becomes a space. Then periods not followed by a digit
+    are deleted (at most 32, see `_OFFICIAL_PERIOD_COUNT`). Apostrophes and colons stay.
+    """
     out = text
     has_digit_comma = COMMA_STRIP.search(text) is not None
     for p in PUNCT:
@@ -89,49 +101,115 @@ def process_punctuation(text: str) -> str:
     return PERIOD_STRIP.sub("", out, count=_OFFICIAL_PERIOD_COUNT)
 
 
+def _python2_lower(text: str) -> str:
+    """`unicode.lower()` of Python 2: each code point on its own (simple case mapping).
+
+    Python 3 adds the final-sigma rule and lowers U+0130 to two code points; this does neither.
+    """
+    if text.isascii():
+        return text.lower()
+    return "".join("i" if c == "\u0130" else c.lower() for c in text)
+
+
+# Python 2.7's Unicode 5.2 tables count U+180E (Mongolian vowel separator) as whitespace; later
+# ones do not. It is the only whitespace difference, so strip() and split() add it back.
+_PYTHON2_ONLY_SPACE = "\u180e"
+_PYTHON2_WHITESPACE = "".join(c for c in map(chr, range(0x3001)) if c.isspace()) + _PYTHON2_ONLY_SPACE
+
+
+def _python2_strip(text: str) -> str:
+    return text.strip(_PYTHON2_WHITESPACE) if _PYTHON2_ONLY_SPACE in text else text.strip()
+
+
+def _python2_split(text: str) -> list[str]:
+    return text.replace(_PYTHON2_ONLY_SPACE, " ").split()
+
+
 def process_digit_article(text: str) -> str:
-    """The official `processDigitArticle`."""
-    words = [NUMBER_WORDS.get(w, w) for w in text.lower().split()]
+    """The official `processDigitArticle`: lower-case, split on whitespace, number words zero..ten
+    (and "none") to digits, drop a/an/the, restore contractions ("dont" -> "don't")."""
+    words = [NUMBER_WORDS.get(w, w) for w in _python2_split(_python2_lower(text))]
     words = [w for w in words if w not in ARTICLES]
     return " ".join(CONTRACTIONS.get(w, w) for w in words)
 
 
-def _clean_whitespace(text: str) -> str:
-    return text.replace("\n", " ").replace("\t", " ").strip()
+def clean_whitespace(text: str) -> str:
+    """The clean-up every answer gets: newlines and tabs become spaces, outer whitespace goes."""
+    if not isinstance(text, str):
+        raise TypeError(f"a VQA answer must be a string, got {type(text).__name__} {text!r}")
+    return _python2_strip(text.replace("\n", " ").replace("\t", " "))
 
 
 def normalize_answer(text: str) -> str:
-    """Full normalisation the official script applies to a predicted answer."""
-    return process_digit_article(process_punctuation(_clean_whitespace(text)))
+    """Clean-up, punctuation and digit/article steps: what the official code compares on a
+    question whose humans disagree."""
+    return process_digit_article(process_punctuation(clean_whitespace(text)))
 
 
-def _leave_one_out(answer: str, human_answers: list[str]) -> float:
-    """Mean over the leave-one-out subsets of min(1, matches / 3)."""
+def _compared_humans(human_answers: Sequence[str]) -> tuple[bool, list[str]]:
+    """(unanimous, the human answers as the official code compares them)."""
     if not human_answers:
         raise ValueError("VQA accuracy needs at least one human answer")
-    total_matches = sum(1 for h in human_answers if h == answer)
-    score = 0.0
-    for h in human_answers:
-        matches_without_h = total_matches - (1 if h == answer else 0)
-        score += min(1.0, matches_without_h / 3.0)
-    return score / len(human_answers)
+    humans = [clean_whitespace(h) for h in human_answers]
+    unanimous = len(set(humans)) <= 1
+    if not unanimous:
+        humans = [process_digit_article(process_punctuation(h)) for h in humans]
+    return unanimous, humans
 
 
-def vqa_soft_score(answer: str, human_answers: list[str]) -> float:
-    """Soft target of one (normalised) answer given the (normalised) human answers.
-
-    With 10 humans this is 0, 0.3, 0.6, 0.9, 1.0 for 0, 1, 2, 3, >=4 matches.
-    """
-    return _leave_one_out(answer, human_answers)
+def _compared_prediction(prediction: str, unanimous: bool) -> str:
+    return clean_whitespace(prediction) if unanimous else normalize_answer(prediction)
 
 
-def vqa_accuracy(prediction: str, human_answers: list[str]) -> float:
-    """Official VQA accuracy (0..1) of one predicted answer string, exactly as `vqaEval.py`."""
-    predicted = normalize_answer(prediction)
-    humans = [_clean_whitespace(h) for h in human_answers]
-    if len(set(humans)) > 1:
-        humans = [process_punctuation(h) for h in humans]
-    return _leave_one_out(predicted, humans)
+def _leave_one_out(answer: str, humans: list[str]) -> float:
+    """Mean over the humans of min(1, matches among the others / 3), added up in the official
+    order (Python 2's left-to-right float sum)."""
+    total_matches = sum(1 for h in humans if h == answer)
+    total = 0.0
+    for h in humans:
+        total += min(1.0, (total_matches - (h == answer)) / 3)
+    return total / len(humans)
+
+
+def vqa_accuracy(prediction: str, human_answers: Sequence[str]) -> float:
+    """Official accuracy (0..1) of one predicted answer given the ten human answers."""
+    unanimous, humans = _compared_humans(human_answers)
+    return _leave_one_out(_compared_prediction(prediction, unanimous), humans)
+
+
+def round_half_away_from_zero(value: float, ndigits: int) -> float:
+    """Python 2's `round(value, ndigits)`: the float's exact value rounded to `ndigits` decimals,
+    halves away from zero (Python 3's `round` sends halves to even: 0.125 -> 0.12, not 0.13)."""
+    exact = Decimal(value)
+    rounded = exact.quantize(Decimal(1).scaleb(-ndigits), rounding=ROUND_HALF_UP,
+                             context=Context(prec=max(28, exact.adjusted() + ndigits + 2)))
+    return float(rounded)
+
+
+def vqa_overall_accuracy(accuracies: Sequence[float], ndigits: int = OFFICIAL_DIGITS) -> float:
+    """The official overall accuracy in percent from per-question accuracies (0..1) given in the
+    order of the annotations file: round(100 * sum / count, ndigits), Python 2 style."""
+    if not accuracies:
+        raise ValueError("VQA overall accuracy needs at least one question")
+    total = 0.0
+    for accuracy in accuracies:  # a plain loop: Python >= 3.12's sum() compensates rounding
+        total += accuracy
+    return round_half_away_from_zero(100 * total / len(accuracies), ndigits)
+
+
+def vqa_submission(rows: Sequence[dict], where: str) -> list[dict]:
+    """The predictions in the official results format, `[{"question_id": int, "answer": str}]`."""
+    submission = []
+    for i, row in enumerate(rows):
+        question_id, answer = row.get("question_id"), row.get("answer")
+        if not isinstance(question_id, int) or isinstance(question_id, bool):
+            raise ValueError(f"{where}: prediction #{i} has question_id {question_id!r}; the "
+                             "official format needs an integer")
+        if not isinstance(answer, str):
+            raise ValueError(f"{where}: prediction #{i} (question_id {question_id}) has answer "
+                             f"{answer!r}; the official format needs a string")
+        submission.append({"question_id": question_id, "answer": answer})
+    return submission
 
 
 @dataclass
@@ -144,6 +222,9 @@ class VqaQuestion:
     multiple_choice_answer: str | None = None
     question_type: str | None = None
     answer_type: str | None = None
+    # position of the question's annotation in the annotations file: the official overall
+    # accuracy adds the questions up in that order
+    annotation_index: int | None = None
 
 
 def _read_json(path: str | os.PathLike) -> dict:
@@ -168,6 +249,31 @@ def _data_subtype(questions: dict, path: str | os.PathLike) -> str:
         raise ValueError(f"VQA questions file {path} lacks 'data_subtype' (e.g. 'train2014'), "
                          "which names its images")
     return subtype
+
+
+def _check_answer_records(records: list, where: str) -> None:
+    """Each human answer is a record with a string `answer`, and no two records are equal as the
+    official code compares them.
+
+    The official leave-one-out drops every record equal to the one left out (it compares whole
+    records, answers cleaned or normalised as for scoring), so two such records would count as
+    fewer than two humans. The released files give each record its own `answer_id`; files where
+    records coincide are refused rather than scored differently.
+    """
+    for k, record in enumerate(records):
+        if not isinstance(record, dict) or not isinstance(record.get("answer"), str):
+            raise ValueError(f"{where}: answer #{k} is {record!r}; expected a record with a "
+                             "string 'answer'")
+    if not records:
+        return
+    _, compared = _compared_humans([r["answer"] for r in records])
+    seen: dict[str, int] = {}
+    for k, (record, answer) in enumerate(zip(records, compared)):
+        key = json.dumps({**record, "answer": answer}, sort_keys=True)
+        if key in seen:
+            raise ValueError(f"{where}: answers #{seen[key]} and #{k} are the same record once "
+                             f"compared ({key}); give each human record a distinct answer_id")
+        seen[key] = k
 
 
 def load_vqa(questions_path: str | os.PathLike,
@@ -206,10 +312,13 @@ def load_vqa(questions_path: str | os.PathLike,
     for i, a in enumerate(adata["annotations"]):
         try:
             qid = int(a["question_id"])
-            answers = [str(x["answer"]) for x in a["answers"]]
+            records = list(a["answers"])
+            answers = [x["answer"] for x in records]
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"VQA annotations file {annotations_path} annotation #{i}: "
                              f"bad or missing field ({exc!r})") from exc
+        _check_answer_records(records, f"VQA annotations file {annotations_path} annotation #{i} "
+                                       f"(question {qid})")
         item = by_id.get(qid)
         if item is None:
             raise ValueError(f"VQA annotations file {annotations_path} annotation #{i}: "
@@ -228,6 +337,7 @@ def load_vqa(questions_path: str | os.PathLike,
         item.multiple_choice_answer = str(a.get("multiple_choice_answer", ""))
         item.question_type = a.get("question_type")
         item.answer_type = a.get("answer_type")
+        item.annotation_index = i
     missing = [q.question_id for q in items if q.question_id not in annotated]
     if missing:
         raise ValueError(f"VQA annotations file {annotations_path} lacks {len(missing)} questions "
@@ -240,34 +350,50 @@ def build_answer_vocab(questions: list[VqaQuestion], num_answers: int) -> list[s
     """The `num_answers` most frequent normalised `multiple_choice_answer`s (ties alphabetical).
 
     Counting the consensus answer per question is how the BUTD vocabulary (3,129 answers on
-    real data) was built.
+    real data) was built. An entry is written verbatim as the predicted answer, so it must be
+    one the official comparison treats as itself: free of outer whitespace (unanimous questions
+    compare it as written) and unchanged by `normalize_answer` (disagreeing questions compare
+    its normalised form). A normalised answer that normalisation would change again (e.g. more
+    than 32 periods) is left out and counted in the log.
     """
     counts: Counter[str] = Counter()
+    unstable = 0
     for q in questions:
         if q.answers is None:
             raise ValueError(f"question {q.question_id} has no annotation; the answer vocabulary "
                              "needs annotated (training) questions")
         mca = q.multiple_choice_answer or Counter(q.answers).most_common(1)[0][0]
         answer = normalize_answer(mca)
-        if answer:
+        if answer and normalize_answer(answer) != answer:
+            unstable += 1
+        elif answer:
             counts[answer] += 1
     vocab = [a for a, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:num_answers]]
     if not vocab:
         raise ValueError("no answers to build the VQA answer vocabulary from")
-    log.info("VQA answer vocabulary: %d answers (asked for %d; %d distinct in train)",
-             len(vocab), num_answers, len(counts))
+    log.info("VQA answer vocabulary: %d answers (asked for %d; %d distinct in train; %d consensus "
+             "answers left out as not stable under normalisation)", len(vocab), num_answers,
+             len(counts), unstable)
     return vocab
 
 
 def soft_targets(question: VqaQuestion, answer_index: dict[str, int]) -> dict[int, float]:
-    """{vocabulary index: soft score} for the answers of one question that are in the vocabulary."""
+    """{vocabulary index: official accuracy of writing that answer} where it is above 0.
+
+    Only an entry equal to a human answer as the official code compares it (cleaned when the
+    humans agree, normalised when they do not) can score, so those are the only ones tried; for
+    the vocabulary of `build_answer_vocab` that is exact (tests/test_metrics.py checks it against
+    every entry).
+    """
     if question.answers is None:
         raise ValueError(f"question {question.question_id} has no annotation")
-    humans = [normalize_answer(a) for a in question.answers]
+    unanimous, humans = _compared_humans(question.answers)
     targets: dict[int, float] = {}
     for answer in set(humans):
         if answer in answer_index:
-            targets[answer_index[answer]] = vqa_soft_score(answer, humans)
+            score = _leave_one_out(_compared_prediction(answer, unanimous), humans)
+            if score > 0:
+                targets[answer_index[answer]] = score
     return targets
 
 

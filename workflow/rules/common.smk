@@ -2,10 +2,13 @@
 # depends on. Keeping these in one place is what makes `params:` invalidate exactly the right jobs.
 
 import functools
+import os
+import sys
 import json
 
 from vlbert_core.fingerprint import code_fingerprint
 from vlbert_core.pretrain.launch import Launch
+from vlbert_core.pretrain.settings import RELEASED_SETTING
 
 
 @functools.cache  # called once per job while planning; the value depends on (script, task) only
@@ -35,8 +38,12 @@ TABLE4_EVALS = {
     "vqa": "val",
     "refcoco_det": "val",
 }
-# Tables 1-3 compare "w/o pre-training" with the full model at the full schedule.
-PAPER_TABLE_SETTINGS = ["none", "full"]
+# pretrain.init_from: a converted released VL-BERT (python -m vlbert_core.convert vl-bert). When set,
+# setting `released` fine-tunes it directly (no pretrain job) and Tables 1-3 carry its row.
+INIT_FROM = config["pretrain"].get("init_from")
+# Tables 1-3 compare "w/o pre-training" with the full model (and the released one) at the full schedule.
+PAPER_TABLE_SETTINGS = ["none", "full"] + ([RELEASED_SETTING] if INIT_FROM else [])
+FINETUNE_SETTINGS = list(config["pretrain"]["settings"]) + ([RELEASED_SETTING] if INIT_FROM else [])
 VQA_SPLITS = ["train", "val"]
 REFCOCO_SPLITS = ["train", "val", "testA", "testB"]
 REFCOCO_EVAL_SPLITS = ["val", "testA", "testB"]
@@ -53,7 +60,7 @@ TABLES = expand(
 wildcard_constraints:
     shard=r"\d{5}",
     split=r"[A-Za-z0-9_]+",
-    setting="|".join(config["pretrain"]["settings"]),
+    setting="|".join(FINETUNE_SETTINGS),
     schedule="|".join(config["finetune"]["schedules"]),
     finetune_task="|".join(FINETUNE_TASKS),
     eval_task="|".join(EVAL_TASKS),
@@ -135,6 +142,13 @@ def task_rois(task, splits):
     return [f"results/rois/{dataset}/{split}.parquet" for split in splits]
 
 
+def pretrained_model(wildcards):
+    """The model a fine-tune starts from: our pre-training of the setting, or pretrain.init_from."""
+    if wildcards.setting == RELEASED_SETTING:
+        return f"{INIT_FROM}/model.safetensors"
+    return f"results/pretrain/{wildcards.setting}/model.safetensors"
+
+
 def finetune_predictions(task, setting, schedule):
     return f"results/finetune/{task}/{setting}/{schedule}/predictions.json"
 
@@ -181,3 +195,10 @@ def table3_evals():
         for track in ["refcoco_gt", "refcoco_det"]
         for split in REFCOCO_EVAL_SPLITS
     ]
+
+
+def print_where_results_are():
+    """The last lines of a successful run: the tables and the report it has written, in the working directory."""
+    written = [path for path in [*TABLES, REPORT] if os.path.exists(path)]
+    if written:
+        print("\nResults (in " + os.getcwd() + "):\n" + "\n".join(f"  {path}" for path in written), file=sys.stderr)

@@ -5,7 +5,7 @@
 
 rule finetune:
     input:
-        pretrained="results/pretrain/{setting}/model.safetensors",
+        pretrained=pretrained_model,  # common.smk: results/pretrain/{setting}/ or pretrain.init_from
         rois=lambda wc: task_rois(wc.finetune_task, ["train"]),
         eval_rois=lambda wc: task_rois(wc.finetune_task, eval_splits(wc.finetune_task)),
         annotations=lambda wc: source_files(

@@ -12,7 +12,8 @@ rule tables:
     params:
         code=code("tables"),
         dataset=config["dataset"],
-        settings=config["pretrain"]["settings"],
+        settings=FINETUNE_SETTINGS,
+        released_from=INIT_FROM,
         model=stable(config["model"]),
     log:
         "logs/tables.log",

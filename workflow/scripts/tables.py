@@ -11,7 +11,8 @@ def main(smk):
     tables_dir = Path(smk.output[0]).parent
     # inputs are results/eval/{task}/{setting}/{schedule}/{split}.json
     results_dir = Path(smk.input.table4[0]).parents[4]
-    write_tables(results_dir, tables_dir, smk.params.settings, smk.params.dataset, smk.params.model)
+    write_tables(results_dir, tables_dir, smk.params.settings, smk.params.dataset, smk.params.model,
+                 released_from=smk.params.released_from)
 
 
 if __name__ == "__main__":

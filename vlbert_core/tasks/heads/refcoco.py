@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import init_linear, roi_outputs
+from .common import HeadTransform, check_layout, init_linear, roi_outputs
 
 
 class RefCOCOHead(nn.Module):
-    def __init__(self, hidden_size: int, dropout: float = 0.1):
+    """layout "project": Dropout-Linear-ReLU-Dropout-Linear; layout "released": the authors' final MLP,
+    the MVRC head transform (Linear(h, h)-GELU) -> Dropout -> Linear(h, 1)."""
+
+    def __init__(self, hidden_size: int, dropout: float = 0.1, layout: str = "project"):
         super().__init__()
-        # the released final MLP: Dropout-Linear-ReLU-Dropout-Linear
-        self.mlp = nn.Sequential(nn.Dropout(dropout), nn.Linear(hidden_size, hidden_size), nn.ReLU(),
-                                 nn.Dropout(dropout), nn.Linear(hidden_size, 1))
+        check_layout(layout)
+        if layout == "released":
+            self.mlp = nn.Sequential(OrderedDict([
+                ("transform", HeadTransform(hidden_size, layer_norm_eps=None)),
+                ("dropout", nn.Dropout(dropout)), ("linear", nn.Linear(hidden_size, 1))]))
+        else:
+            self.mlp = nn.Sequential(nn.Dropout(dropout), nn.Linear(hidden_size, hidden_size), nn.ReLU(),
+                                     nn.Dropout(dropout), nn.Linear(hidden_size, 1))
         init_linear(self)
 
     def forward(self, output, batch) -> torch.Tensor:

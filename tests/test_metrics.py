@@ -1,0 +1,306 @@
+"""The three fine-tuning metrics against their official definitions (docs/metrics.md).
+
+Every expected number is worked out by hand from the official rules in the comment next to it:
+VQA from GT-Vision-Lab/VQA `vqaEval.py`, RefCOCO+ and VCR from the released VL-BERT code.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vlbert_core.tasks import refcoco as refcoco_lib
+from vlbert_core.tasks import vcr as vcr_lib
+from vlbert_core.tasks import vqa as vqa_lib
+from vlbert_core.tasks.scoring import evaluate_predictions
+
+acc = vqa_lib.vqa_accuracy
+OTHERS = ["cat", "cow", "pig", "hen", "owl", "ant", "bee", "elk", "fox"]  # nine different answers
+
+# ---------------------------------------------------------------- VQA: unanimous vs split humans
+
+
+def test_unanimous_humans_compare_the_prediction_as_written():
+    assert acc("yes", ["yes"] * 10) == 1.0  # each human: 9 matching others -> min(1, 9/3) = 1
+    # only whitespace is cleaned: "\n"/"\t" -> space, then strip
+    assert acc(" yes\n", ["yes"] * 10) == 1.0
+    assert acc("\tyes ", ["yes"] * 10) == 1.0
+    # no lower-casing, no punctuation, no number or article step
+    assert acc("Yes", ["yes"] * 10) == 0.0
+    assert acc("yes.", ["yes"] * 10) == 0.0
+    assert acc("2", ["two"] * 10) == 0.0
+    assert acc("two", ["two"] * 10) == 1.0
+    assert acc("a dog", ["dog"] * 10) == 0.0
+    # humans that differ only by whitespace are unanimous after the clean-up
+    assert acc("Yes", ["yes"] * 9 + ["yes\n"]) == 0.0
+    # U+180E was whitespace in Python 2.7's Unicode tables: stripped there, so here too
+    assert acc("\u180eyes", ["yes"] * 10) == 1.0
+    assert vqa_lib.normalize_answer("red\u180edog") == "red dog"
+    # a single human is unanimous too: 0 others -> min(1, 0/3) = 0 whatever the prediction
+    assert acc("yes", ["yes"]) == 0.0
+
+
+def test_split_humans_normalise_prediction_and_humans():
+    # "Yes" and "yes." become "yes": 9 matches, any 9 others keep >= 8 -> 1.0
+    assert acc("Yes", ["yes"] * 9 + ["no"]) == 1.0
+    assert acc("yes.", ["yes"] * 9 + ["no"]) == 1.0
+    # the humans are normalised too: "two" x9 and "2" are ten "2"s -> 1.0
+    assert acc("2", ["two"] * 9 + ["2"]) == 1.0
+    assert acc("dog", ["dog."] * 4 + ["cat"] * 6) == 1.0
+
+
+def test_prediction_matching_one_two_or_three_humans():
+    # one match: leaving it out -> 0, leaving out any of the 9 others -> 1/3: 9 * (1/3) / 10 = 0.3
+    assert acc("red", ["red"] + OTHERS) == pytest.approx(0.3)
+    # two: leaving out a "red" -> 1/3 (x2), another -> 2/3 (x8): (2/3 + 16/3) / 10 = 0.6
+    assert acc("red", ["red"] * 2 + OTHERS[:8]) == pytest.approx(0.6)
+    assert acc("yes.", ["yes"] * 2 + ["no"] * 8) == pytest.approx(0.6)
+    # three: leaving out a "red" -> 2/3 (x3), another -> 1 (x7): (2 + 7) / 10 = 0.9
+    assert acc("red", ["red"] * 3 + OTHERS[:7]) == pytest.approx(0.9)
+    assert acc("purple", ["red"] * 3 + OTHERS[:7]) == 0.0
+
+
+# ---------------------------------------------------------------- VQA: the normalisation steps
+
+
+@pytest.mark.parametrize("raw, processed", [
+    ("yes.", "yes"),          # a period not followed by a digit goes
+    ("2.5", "2.5"),           # one followed by a digit stays
+    ("1.5.", "1.5"),
+    ("1,000", "1000"),        # a digit,digit comma anywhere: every mark is deleted, not spaced
+    ("red-1,000", "red1000"),
+    ("1, 2", "1 2"),          # ", " touches a space: deleted
+    ("left-hand", "left hand"),  # touches no space: becomes a space
+    ("x - y", "x  y"),        # " -" touches a space: deleted (split() later drops the double space)
+    ("don't", "don't"),       # apostrophes and colons are not in the official list
+    ("3:30", "3:30"),
+    ("yes!?", "yes  "),
+    ("." * 40, "." * 8),      # re.UNICODE (32) passed as `count`: only 32 periods go
+    ("5.\u0663", "5\u0663"),  # \d is ASCII in the Python 2 pattern: "٣" is no digit, the period goes
+    ("5,\u0663", "5 \u0663"),  # and "5,٣" has no digit,digit comma
+])
+def test_process_punctuation(raw, processed):
+    assert vqa_lib.process_punctuation(raw) == processed
+
+
+@pytest.mark.parametrize("raw, normalised", [
+    ("Two", "2"), ("none", "0"), ("ten", "10"), ("eleven", "eleven"),
+    ("a dog", "dog"), ("The Dog.", "dog"), ("an apple", "apple"), ("the", ""),
+    ("dont", "don't"), ("Dont", "don't"), ("cant", "can't"),
+    ("Im", "im"),                  # the key "Im" is never reached: words are lower-cased first
+    ("somebody'd", "somebodyd"),   # the official table maps it that way round
+    ("  red\tcar\n", "red car"),
+    ("\u0130", "i"),               # Python 2 lower-cases one code point at a time
+])
+def test_normalize_answer(raw, normalised):
+    assert vqa_lib.normalize_answer(raw) == normalised
+
+
+def test_number_words_articles_contractions_and_commas_in_the_accuracy():
+    # "two" -> "2": 3 of the humans -> 0.9 (see the three-match case); unanimous "2" -> as written
+    assert acc("two", ["2"] * 3 + ["3"] * 7) == pytest.approx(0.9)
+    assert acc("two", ["2"] * 10) == 0.0
+    assert acc("a dog", ["dog"] * 3 + ["cat"] * 7) == pytest.approx(0.9)
+    # 4 humans said "don't": every leave-one-out subset keeps >= 3 matches -> 1.0
+    assert acc("dont", ["don't"] * 4 + ["no"] * 6) == 1.0
+    # "1,000" and "1000" are the same after normalisation: 4 matches -> 1.0
+    assert acc("1,000", ["1000"] * 2 + ["1,000"] * 2 + OTHERS[:6]) == 1.0
+    assert acc("1000", ["1,000"] * 10) == 0.0
+
+
+def test_empty_answers():
+    assert acc("", ["yes"] * 10) == 0.0
+    assert acc("   ", [""] * 10) == 1.0
+    # humans who wrote "the" normalise to "": an empty prediction matches those 3 -> 0.9
+    assert acc("", ["the"] * 3 + ["no"] * 7) == pytest.approx(0.9)
+    # "?" becomes a space, then nothing: it matches the 2 empty answers -> 0.6
+    assert acc("?", [""] * 2 + ["yes"] * 8) == pytest.approx(0.6)
+    with pytest.raises(ValueError, match="at least one human answer"):
+        acc("yes", [])
+    with pytest.raises(TypeError, match="must be a string"):
+        acc(2, ["2"] * 10)
+
+
+def test_overall_accuracy_rounds_like_python2():
+    # 100 * 1/3 = 33.333... -> 33.33
+    assert vqa_lib.vqa_overall_accuracy([1.0, 0.0, 0.0]) == 33.33
+    # 100 * 97 / 800 = 12.125 exactly: Python 2 rounds the half away from zero (Python 3: 12.12)
+    assert vqa_lib.vqa_overall_accuracy([1.0] * 97 + [0.0] * 703) == 12.13
+    # 100 * 107 / 4000 = 2.675 is stored as 2.67499999...: below the half, 2.67 in both
+    assert vqa_lib.vqa_overall_accuracy([1.0] * 107 + [0.0] * 3893) == 2.67
+    assert vqa_lib.round_half_away_from_zero(-0.125, 2) == -0.13
+    with pytest.raises(ValueError, match="at least one question"):
+        vqa_lib.vqa_overall_accuracy([])
+
+
+def test_soft_targets_are_the_official_accuracy_of_each_vocabulary_answer():
+    def question(qid, answers):
+        return vqa_lib.VqaQuestion(qid, 1, "q?", "k", answers=answers, multiple_choice_answer="")
+
+    questions = [question(1, ["two"] * 6 + ["2"] * 2 + ["3"] * 2), question(2, ["yes"] * 10),
+                 question(3, ["Yes"] * 10), question(4, ["a dog"] * 3 + ["dog"] + ["cat"] * 6),
+                 question(5, ["red"] + OTHERS), question(6, ["dont"] * 5 + ["no"] * 5),
+                 question(7, ["3"] * 10), question(8, ["dog"] * 10)]
+    vocab = vqa_lib.build_answer_vocab(questions, 100)
+    assert all(vqa_lib.normalize_answer(a) == a for a in vocab)
+    index = {a: i for i, a in enumerate(vocab)}
+    for q in questions:
+        brute_force = {index[a]: acc(a, q.answers) for a in vocab if acc(a, q.answers) > 0}
+        assert vqa_lib.soft_targets(q, index) == brute_force
+    # question 3: ten humans wrote "Yes"; the written answer "yes" does not score it
+    assert vqa_lib.soft_targets(questions[2], index) == {}
+    # question 1: "two" and "2" are eight "2"s -> 1.0; "3" x2 -> 0.6
+    assert vqa_lib.soft_targets(questions[0], index) == {index["2"]: 1.0, index["3"]: pytest.approx(0.6)}
+
+
+# ---------------------------------------------------------------- VQA: files and the results format
+
+
+def _answers(values):
+    return [{"answer": a, "answer_confidence": "yes", "answer_id": i + 1} for i, a in enumerate(values)]
+
+
+def _write_vqa(tmp_path: Path, humans: dict[int, list[str]]) -> dict:
+    questions = {"info": {}, "license": {}, "task_type": "Open-Ended", "data_type": "mscoco",
+                 "data_subtype": "val2014",
+                 "questions": [{"image_id": 1, "question": "q?", "question_id": q} for q in humans]}
+    # annotations in the reverse order: the official sum runs in this order
+    annotations = {"info": {}, "license": {}, "data_subtype": "val2014",
+                   "annotations": [{"question_id": q, "image_id": 1, "question_type": "what",
+                                    "answer_type": "other", "multiple_choice_answer": a[0],
+                                    "answers": _answers(a)} for q, a in reversed(humans.items())]}
+    (tmp_path / "q_val.json").write_text(json.dumps(questions))
+    (tmp_path / "a_val.json").write_text(json.dumps(annotations))
+    return {"questions": str(tmp_path / "q_{split}.json"), "annotations": str(tmp_path / "a_{split}.json")}
+
+
+def test_vqa_predictions_file_is_the_official_results_format(tmp_path):
+    humans = {11: ["yes"] * 10, 12: ["2"] * 3 + ["3"] * 7, 13: ["dog"] * 4 + ["cat"] * 6}
+    sources = _write_vqa(tmp_path, humans)
+    rows = [{"question_id": 11, "answer": "Yes"}, {"question_id": 12, "answer": "two"},
+            {"question_id": 13, "answer": "a dog"}]
+    (tmp_path / "bundle.json").write_text(json.dumps({"model_dir": "m", "predictions": {"vqa/val": rows}}))
+    result = evaluate_predictions("vqa", "val", tmp_path / "bundle.json", sources, tmp_path / "eval.json",
+                                  tmp_path / "val.predictions.json", setting="a", schedule="half",
+                                  dataset="synthetic")
+    # 11: unanimous "yes" vs "Yes" -> 0; 12: "two" -> "2", 3 matches -> 0.9; 13: "a dog" -> "dog",
+    # 4 matches -> 1.0. round(100 * 1.9 / 3, 2) = 63.33 (normalising every prediction gave 96.67)
+    assert result["value"] == 63.33
+    assert json.loads((tmp_path / "eval.json").read_text())["value"] == 63.33
+
+    # what the official loadRes accepts: a JSON list of {"question_id", "answer"}, every question
+    # of the annotations exactly once
+    submitted = json.loads((tmp_path / "val.predictions.json").read_text())
+    assert isinstance(submitted, list) and submitted == rows
+    for entry in submitted:
+        assert set(entry) == {"question_id", "answer"}
+        assert type(entry["question_id"]) is int and isinstance(entry["answer"], str)
+    annotations = json.loads((tmp_path / "a_val.json").read_text())["annotations"]
+    assert sorted(e["question_id"] for e in submitted) == sorted(a["question_id"] for a in annotations)
+
+    def run(bad_rows):
+        (tmp_path / "bad.json").write_text(json.dumps({"model_dir": "m", "predictions": {"vqa/val": bad_rows}}))
+        return evaluate_predictions("vqa", "val", tmp_path / "bad.json", sources, tmp_path / "e2.json",
+                                    tmp_path / "p2.json", setting="a", schedule="half", dataset="synthetic")
+
+    with pytest.raises(ValueError, match="prediction #1 .*question_id 12.* needs a string"):
+        run([rows[0], {"question_id": 12, "answer": 2}, rows[2]])
+    with pytest.raises(ValueError, match="prediction #0 has question_id '11'"):
+        run([{"question_id": "11", "answer": "yes"}, *rows[1:]])
+    with pytest.raises(ValueError, match="1 question_ids missing"):
+        run(rows[:2])
+    assert not (tmp_path / "p2.json").exists()
+
+
+def test_vqa_loader_keeps_annotation_order_and_refuses_indistinct_human_records(tmp_path):
+    sources = _write_vqa(tmp_path, {11: ["yes"] * 10, 12: ["no"] * 10})
+    items = vqa_lib.load_vqa(tmp_path / "q_val.json", tmp_path / "a_val.json")
+    assert [(q.question_id, q.annotation_index) for q in items] == [(11, 1), (12, 0)]
+    # without distinct answer_ids the official leave-one-out would drop all equal records at once
+    data = json.loads(Path(sources["annotations"].format(split="val")).read_text())
+    data["annotations"][0]["answers"] = [{"answer": a, "answer_confidence": "yes"}
+                                         for a in ["yes", "maybe", "no"] + OTHERS[:7]]
+    (tmp_path / "a_val.json").write_text(json.dumps(data))
+    vqa_lib.load_vqa(tmp_path / "q_val.json", tmp_path / "a_val.json")  # ten different answers
+    data["annotations"][0]["answers"][1]["answer"] = "Yes."  # "Yes." and "yes" compare equal
+    (tmp_path / "a_val.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"annotation #0 \(question 12\): answers #0 and #1 are the same"):
+        vqa_lib.load_vqa(tmp_path / "q_val.json", tmp_path / "a_val.json")
+    data["annotations"][0]["answers"] = [{"answer": 2, "answer_id": 1}]
+    (tmp_path / "a_val.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="answer #0 is .*expected a record with a string 'answer'"):
+        vqa_lib.load_vqa(tmp_path / "q_val.json", tmp_path / "a_val.json")
+
+
+# ---------------------------------------------------------------- RefCOCO+: the VL-BERT box convention
+
+
+def test_box_iou_counts_pixels_inclusively():
+    iou = refcoco_lib.box_iou
+    assert iou([0, 0, 9, 9], [0, 0, 9, 9])[0, 0] == 1.0
+    # boxes that touch share one pixel column: 1 * 11 / (121 + 121 - 11) = 11 / 231
+    assert iou([0, 0, 10, 10], [10, 0, 20, 10])[0, 0] == pytest.approx(11 / 231)
+    assert iou([0, 0, 10, 10], [10, 10, 20, 20])[0, 0] == pytest.approx(1 / 241)  # a corner pixel
+    assert iou([0, 0, 10, 10], [11, 0, 21, 10])[0, 0] == 0.0  # one pixel apart
+    # containment: 5 x 5 inside 10 x 10 pixels -> 25 / 100
+    assert iou([0, 0, 9, 9], [2, 2, 6, 6])[0, 0] == 0.25
+    # a zero-width box is one pixel wide
+    assert iou([3, 3, 3, 3], [3, 3, 3, 3])[0, 0] == 1.0
+    # COCO bbox 0,0,10,10 becomes 0,0,10,10 and counts 11 x 11 pixels, as in the authors' code:
+    # against 0,0,10,4.6 that is 11 * 5.6 / 121 = 0.509 (continuous coordinates would give 0.46)
+    assert iou(refcoco_lib.xywh_to_xyxy([0, 0, 10, 10]), [0, 0, 10, 4.6])[0, 0] == pytest.approx(5.6 / 11)
+    matrix = iou(np.array([[0, 0, 1, 1], [1, 1, 2, 2]]), np.array([[0, 0, 1, 1], [5, 5, 6, 6], [1, 0, 2, 1]]))
+    # row 2: vs 0,0,1,1 one pixel (1 / 7); vs 1,0,2,1 two pixels (2 / 6)
+    assert matrix.shape == (2, 3) and matrix[1] == pytest.approx([1 / 7, 0.0, 2 / 6])
+
+
+def test_refcoco_accuracy_counts_iou_of_exactly_one_half():
+    # 20 x 10 vs 10 x 10 pixels sharing 100: 100 / 200 = 0.5 -> correct (IoU >= 0.5); 2 x 1 vs 1 x 1
+    # likewise; the last pair is 11 * 5.6 / 121 = 0.509 -> correct; then one miss: 3 of 4 = 75 %
+    predicted = np.array([[0, 0, 19, 9], [0, 0, 1, 0], [0, 0, 10, 4.6], [50, 50, 60, 60]])
+    gt = np.array([[0, 0, 9, 9], [0, 0, 0, 0], [0, 0, 10, 10], [0, 0, 10, 10]])
+    value, ious = refcoco_lib.refcoco_accuracy(predicted, gt)
+    assert list(ious[:2]) == [0.5, 0.5] and value == 75.0
+    # a RoI at exactly 0.5 is not a positive training target (label IoU > 0.5)
+    assert not ious[0] > refcoco_lib.POSITIVE_IOU
+
+
+def test_predicted_boxes_must_be_boxes():
+    check = refcoco_lib.check_predicted_boxes
+    assert check([[0, 0, 1, 1], (2, 2, 2, 2)], "p").shape == (2, 4)
+    for bad in ([[5, 0, 1, 1]], [[0, 0, 1]], [[0, 0, float("nan"), 1]], [None], [["a", 0, 1, 1]]):
+        with pytest.raises(ValueError, match="p: prediction #0 box"):
+            check(bad, "p")
+
+
+# ---------------------------------------------------------------- VCR
+
+
+def test_vcr_q2a_qa2r_and_q2ar():
+    answer_pred, rationale_pred = [0, 1, 2, 3], [1, 1, 0, 3]
+    labels = [(0, 1), (1, 2), (2, 0), (0, 3)]
+    q2a = vcr_lib.vcr_correct(answer_pred, [a for a, _ in labels])
+    qa2r = vcr_lib.vcr_correct(rationale_pred, [r for _, r in labels])
+    assert q2a == [True, True, True, False] and qa2r == [True, False, True, True]
+    assert vcr_lib.vcr_accuracy(q2a) == 75.0 and vcr_lib.vcr_accuracy(qa2r) == 75.0
+    # Q->AR needs both: questions 1 and 3 -> 50 % (not 75 % x 75 %)
+    q2ar = vcr_lib.vcr_q2ar_correct(answer_pred, rationale_pred, labels)
+    assert q2ar == [True, False, True, False] and vcr_lib.vcr_accuracy(q2ar) == 50.0
+    assert vcr_lib.vcr_accuracy([True, False, False]) == pytest.approx(100 / 3)
+    for bad in (4, -1, True, 1.0, None):
+        with pytest.raises(ValueError, match="entry #1 has prediction"):
+            vcr_lib.vcr_correct([0, bad], [0, 0], "VCR")
+    with pytest.raises(ValueError, match="at least one question"):
+        vcr_lib.vcr_accuracy([])
+
+
+def test_vcr_q2ar_from_prediction_files(tmp_path):
+    labels = [(0, 1), (1, 2), (2, 0), (0, 3)]
+    for name, preds, column in (("q2a", [0, 1, 2, 3], 0), ("qa2r", [1, 1, 0, 3], 1)):
+        rows = [{"annot_id": f"val-{i}", "label": lab[column], "prediction": p}
+                for i, (p, lab) in enumerate(zip(preds, labels))]
+        (tmp_path / f"{name}.json").write_text(json.dumps(rows))
+    assert vcr_lib.q2ar_from_prediction_files(tmp_path / "q2a.json", tmp_path / "qa2r.json") == (50.0, 4)

@@ -1,0 +1,113 @@
+"""python -m vlbert_core.convert {vl-bert,resnet101-pt-vgbua,bottom-up} IN OUT
+
+Converts the authors' published files into this project's formats; each run writes a
+conversion_report.json saying what happened to every tensor of IN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .vlbert import PUBLISHED_PRETRAINED
+
+BOTTOM_UP_MODULE = "vlbert_core.convert.bottom_up"
+BOTTOM_UP_FILES = ("faster_rcnn_from_caffe_attr.pkl (py-bottom-up-attention, detectron2 layout)",
+                   "bua-caffe-frcn-r101_with_attributes.pth (MILVLG/bottom-up-attention.pytorch)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m vlbert_core.convert",
+        description="Convert the authors' published checkpoints (github.com/jackroos/VL-BERT, "
+                    "model/pretrained_model/PREPARE_PRETRAINED_MODELS.md) into this project's formats.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{vl-bert,resnet101-pt-vgbua,bottom-up}")
+
+    vl = sub.add_parser(
+        "vl-bert", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help=f"pre-trained {', '.join(PUBLISHED_PRETRAINED)}, or the authors' fine-tuned VQA / VCR / "
+             "RefCOCO+ checkpoints -> a model directory",
+        description="IN: " + ", ".join(PUBLISHED_PRETRAINED) + ", or a fine-tuned VQA / VCR / RefCOCO+ "
+                    "checkpoint of the authors' code (<prefix>-<epoch>.model).\nOUT_DIR: a VL-BERT model "
+                    "directory (model.safetensors + config.json) for pretrain.init_from, or for a fine-tuned "
+                    "checkpoint a fine-tuned model directory with its task head; conversion_report.json beside.")
+    vl.add_argument("in_path", metavar="IN")
+    vl.add_argument("out_dir", metavar="OUT_DIR")
+    vl.add_argument("--bert-path", required=True,
+                    help="the BERT directory whose vocab.txt tokenises for this model (bert-base-uncased or "
+                         "bert-large-uncased, as model.bert_path); recorded in the model's config.json")
+    vl.add_argument("--visual-weights", default=None,
+                    help="resnet101-pt-vgbua-0000.model: the visual network of the '-prec' checkpoints and the "
+                         "VQA one, which hold none (their RoI features were precomputed)")
+    vl.add_argument("--task", default=None, choices=["vqa", "refcoco", "vcr_q2a", "vcr_qa2r"],
+                    help="the task of a fine-tuned checkpoint (VCR: vcr_q2a or vcr_qa2r; others are detected)")
+    vl.add_argument("--answers", default=None,
+                    help="VQA: the answer list, one a line, in the order of the classifier's 3,129 rows")
+    vl.add_argument("--object-names", default=None,
+                    help="VCR: the 81 classes of the auxiliary RoI classifier, one a line, in row order")
+
+    rn = sub.add_parser("resnet101-pt-vgbua", help="resnet101-pt-vgbua-0000.model -> initial weights of the "
+                                                   "ResNet-101 C4 network (detector.backbone.init_weights)",
+                        description="IN: resnet101-pt-vgbua-0000.model (ResNet-101 of bottom-up attention, "
+                                    "converted from Caffe by the VL-BERT authors; holds layer4.* too). OUT: a "
+                                    "torchvision-layout state dict (torch.save) for a backbone with depth 101, "
+                                    "stride_in_1x1 true, pixel_format bgr255_caffe.")
+    rn.add_argument("in_path", metavar="IN")
+    rn.add_argument("out_path", metavar="OUT")
+
+    bu = sub.add_parser("bottom-up", help="the bottom-up-attention detector: " + "; ".join(BOTTOM_UP_FILES)
+                                          + " -> our detector checkpoint (detector.weights)",
+                        description="IN: " + "; ".join(BOTTOM_UP_FILES) + ". OUT: our detector checkpoint.")
+    bu.add_argument("in_path", metavar="IN")
+    bu.add_argument("out_path", metavar="OUT")
+    bu.add_argument("--source", default=None, choices=["bua-caffe", "detectron2-attr"],
+                    help="the file's layout (default: .pkl files detectron2-attr, others bua-caffe)")
+    bu.add_argument("--objects-vocab", default=None, help="objects_vocab.txt: the 1,600 class names, in label order")
+    bu.add_argument("--attributes-vocab", default=None, help="attributes_vocab.txt: the 400 attribute names")
+    return parser
+
+
+def _load_bottom_up():
+    try:
+        module = importlib.import_module(BOTTOM_UP_MODULE)
+    except ModuleNotFoundError as exc:
+        if exc.name != BOTTOM_UP_MODULE:
+            raise
+        raise SystemExit(f"bottom-up: the bottom-up-attention detector converter ({BOTTOM_UP_MODULE}) is not "
+                         "installed in this checkout; nothing was written") from None
+    return module.convert_bottom_up
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "vl-bert":
+        from .vlbert import REPORT_FILE, convert_vlbert
+
+        converted = convert_vlbert(args.in_path, args.out_dir, bert_path=args.bert_path,
+                                   visual_weights=args.visual_weights, task=args.task,
+                                   answers_file=args.answers, object_names_file=args.object_names)
+        report = converted.report
+        print(f"{args.in_path} ({converted.layout.kind}) -> {args.out_dir}: {len(report.mapped)} tensors mapped, "
+              f"{len(report.dropped)} dropped, {len(report.filled)} filled ({args.out_dir}/{REPORT_FILE})")
+    elif args.command == "resnet101-pt-vgbua":
+        from .resnet import convert_resnet101, report_path
+
+        report, backbone = convert_resnet101(args.in_path, args.out_path)
+        print(f"{args.in_path} -> {args.out_path}: {len(report.mapped)} tensors mapped, {len(report.dropped)} "
+              f"dropped, {len(report.filled)} filled ({report_path(args.out_path)}). Use it as "
+              f"backbone init_weights with {backbone}")
+    else:
+        from .resnet import report_path
+
+        convert_bottom_up = _load_bottom_up()
+        report = convert_bottom_up(args.in_path, args.out_path, source=args.source, objects_vocab=args.objects_vocab,
+                                   attributes_vocab=args.attributes_vocab, report_path=report_path(args.out_path))
+        print(f"{args.in_path} -> {args.out_path}: {len(report.mapped)} tensors mapped, {len(report.dropped)} "
+              f"dropped, {len(report.filled)} filled ({report_path(args.out_path)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
