@@ -19,7 +19,7 @@ validate(config, workflow.source_path("config/schema.yaml"))
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/world.smk"
-include: "workflow/rules/stand_ins.smk"
+include: "workflow/rules/weights.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/rois.smk"
 include: "workflow/rules/pretrain.smk"

@@ -80,3 +80,36 @@ def test_bert_stand_in_is_a_bert_base_uncased_directory_our_loaders_read(tmp_pat
     assert tokenizer.tokenize("A Red Cube") == ["a", "red", "cube"]  # uncased WordPieces
     assert tokenizer.vocab_size == 30522
     assert not list(tmp_path.glob(".tmp-*")), "no temporary directory is left behind"
+
+
+def test_published_aliases_are_written_equal(tmp_path):
+    """A published VL-BERT file saves some tensors twice (stage 5 again as head.0, the MLM decoder tied to the
+    word embeddings); the stand-in keeps each pair equal, as the converter checks."""
+    from vlbert_core.convert.stand_in import write_published_stand_in
+
+    tensors = {"module.vlbert.word_embeddings.weight": ((10, 8), "float32"),
+               "module.vlbert.mlm_head.predictions.decoder.weight": ((10, 8), "float32"),
+               "module.image_feature_extractor.roi_head_feature_extractor.0.conv1.weight": ((4, 4, 1, 1), "float32"),
+               "module.image_feature_extractor.head.0.0.conv1.weight": ((4, 4, 1, 1), "float32")}
+    manifest = Manifest(file="vl-bert-base-e2e.model", format="torch", wrap=("state_dict",), tensors=tensors)
+    write_published_stand_in(manifest, tmp_path / "m.model", seed=1)
+    written = read_published(tmp_path / "m.model", ("state_dict",))
+    assert torch.equal(written["module.vlbert.mlm_head.predictions.decoder.weight"],
+                       written["module.vlbert.word_embeddings.weight"])
+    assert torch.equal(written["module.image_feature_extractor.head.0.0.conv1.weight"],
+                       written["module.image_feature_extractor.roi_head_feature_extractor.0.conv1.weight"])
+
+
+def test_detector_test_sizes_change_the_config_only(tmp_path):
+    from vlbert_core.convert.stand_in import set_detector_test_sizes
+
+    path = tmp_path / "detector.pt"
+    state = {"rpn.head.conv.weight": torch.randn(4, 4, 3, 3)}
+    torch.save({"config": {"min_size": 600, "max_size": 1000, "rpn_post_nms_test": 300, "backbone": {"depth": 101}},
+                "categories": [], "num_classes": 1, "state_dict": state}, path)
+    set_detector_test_sizes(path, {"min_size": 128, "max_size": 128, "rpn_post_nms_test": 12})
+    checkpoint = torch.load(path, weights_only=True)
+    assert checkpoint["config"] == {"min_size": 128, "max_size": 128, "rpn_post_nms_test": 12, "backbone": {"depth": 101}}
+    assert torch.equal(checkpoint["state_dict"]["rpn.head.conv.weight"], state["rpn.head.conv.weight"])
+    with pytest.raises(ValueError, match=r"\['anchor_sizes'\] are not test-time keys"):
+        set_detector_test_sizes(path, {"anchor_sizes": [16]})

