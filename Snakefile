@@ -8,6 +8,8 @@
 
 from snakemake.utils import min_version, validate
 
+from vlbert_core.tasks.registry import check_finetune_config
+
 min_version("9.0")
 
 
@@ -15,6 +17,8 @@ configfile: workflow.source_path("config/config.yaml")
 
 
 validate(config, workflow.source_path("config/schema.yaml"))
+# the task names and what each task needs beyond the schema: the registered tasks decide
+check_finetune_config(config["finetune"], config["sources"])
 
 
 include: "workflow/rules/common.smk"

@@ -279,7 +279,7 @@ def worker_parts(args: argparse.Namespace) -> dict:
     from vlbert_core.data.cc import image_meta
     from vlbert_core.data.downloader import Downloader
     from vlbert_core.data.pool import imap_ordered
-    from vlbert_core.data.writer import ShardWriter, encode_json
+    from vlbert_core.data.writer import TarShardWriter, encode_json
 
     urls = [line.split("\t")[1] for line in Path(args.tsv).read_text(encoding="utf-8").splitlines()]
     ms: dict[str, float] = {}
@@ -298,7 +298,7 @@ def worker_parts(args: argparse.Namespace) -> dict:
     ms["resize"] = 1e3 * (_cpu_seconds() - started) / len(urls)
     with tempfile.TemporaryDirectory() as folder:
         started = _cpu_seconds()
-        with ShardWriter(Path(folder) / "parts.tar") as writer:
+        with TarShardWriter(Path(folder) / "parts.tar") as writer:
             for row, (url, image) in enumerate(zip(urls, images)):
                 meta = encode_json(image_meta(url, row, image))
                 writer.write(f"{SPLIT}-{row:09d}", {"jpg": image.jpeg, "txt": f"photo {row}", "json": meta})

@@ -49,7 +49,8 @@ from vlbert_core.model.config import bert_fields_from_hf_config  # noqa: E402
 from vlbert_core.detector import build_resnet_c4  # noqa: E402
 from vlbert_core.pretrain import get_setting  # noqa: E402
 from vlbert_core.pretrain.data import collate_pretrain  # noqa: E402
-from vlbert_core.pretrain.loop import ADAM_BETAS, ADAM_EPS, parameter_groups  # noqa: E402
+from vlbert_core.optim import OptimizerSettings, build_optimizer  # noqa: E402
+from vlbert_core.pretrain.loop import ADAM_BETAS, ADAM_EPS  # noqa: E402
 from vlbert_core.pretrain.masking import IGNORE_INDEX, MaskingVocab, mask_rois, whole_word_mask  # noqa: E402
 from vlbert_core.pretrain.objectives import VLBertForPretraining  # noqa: E402
 
@@ -133,8 +134,9 @@ def build_batch(cfg: dict, tokenizer, rng: np.random.Generator):
 
 def optimizer_for(module: torch.nn.Module, cfg: dict) -> torch.optim.Optimizer:
     # As in the loop: AdamW without decay on 1-d parameters, fused kernel, lr is irrelevant to timing.
-    return torch.optim.AdamW(parameter_groups(module, float(cfg["pretrain"]["weight_decay"])), lr=1e-5,
-                             betas=ADAM_BETAS, eps=ADAM_EPS, fused=True)
+    settings = OptimizerSettings("adamw", lr=1e-5, weight_decay=float(cfg["pretrain"]["weight_decay"]),
+                                 betas=ADAM_BETAS, eps=ADAM_EPS, fused=True)
+    return build_optimizer(module, settings)
 
 
 def make_step(module, optimizer, loss_fn, clip: float):

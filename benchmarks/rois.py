@@ -122,8 +122,9 @@ def main() -> None:
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     import torch
 
-    from vlbert_core.detector import extract_rois_with_detector, load_detector, read_cc_shard, read_rois, run_detector
-    from vlbert_core.detector.extract import decode_image, to_unit_float
+    from vlbert_core.detector import extract_rois_with_detector, load_detector, read_cc_shard, run_detector
+    from vlbert_core.detector.images import decode_image, to_unit_float
+    from vlbert_core.rois import read_rois
 
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)

@@ -39,9 +39,10 @@ sys.path.insert(0, str(REPO))
 from vlbert_core.detector import load_detector  # noqa: E402
 from vlbert_core.model import VLBertModel, build_input_sequence, collate_samples  # noqa: E402
 from vlbert_core.model.bert_init import load_tokenizer  # noqa: E402
+from vlbert_core.optim import OptimizerSettings, build_optimizer  # noqa: E402
 from vlbert_core.pretrain.data import StreamConfig, pair_shards_with_rois, read_held_out_captions  # noqa: E402
 from vlbert_core.pretrain.loop import (  # noqa: E402
-    build_batches, build_vlbert_config, load_pretrain_checkpoint, measure_appearance_statistics, parameter_groups,
+    build_batches, build_vlbert_config, load_pretrain_checkpoint, measure_appearance_statistics,
 )
 from vlbert_core.pretrain.masking import word_groups  # noqa: E402
 from vlbert_core.pretrain.objectives import VLBertForPretraining  # noqa: E402
@@ -210,7 +211,8 @@ def train_on_shape_words(run: Run, steps: int, peak_lr: float) -> VLBertForPretr
     pretrain_cfg = {k: v for k, v in run.config["pretrain"].items() if k not in ("settings", "launch")}
     batches = build_batches(spec, run.shards, run.rois, [], run.tokenizer, run.vlbert_config.num_object_classes,
                             run.stream_cfg, pretrain_cfg, 0, 1)
-    optimizer = torch.optim.AdamW(parameter_groups(module, float(pretrain_cfg["weight_decay"])), lr=peak_lr)
+    optimizer = build_optimizer(module, OptimizerSettings("adamw", lr=peak_lr,
+                                                          weight_decay=float(pretrain_cfg["weight_decay"])))
     shapes = shape_token_ids(run)
     module.train()
     for _ in range(steps):

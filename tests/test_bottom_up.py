@@ -26,11 +26,10 @@ from vlbert_core.detector import (
     coco_image_id,
     import_bottom_up_rois,
     load_detector,
-    read_rois,
-    read_rois_metadata,
 )
 from vlbert_core.detector.bottom_up import BadTsvRow, normalise_image_id, parse_bottom_up_row
-from vlbert_core.detector.extract import decode_image
+from vlbert_core.detector.images import decode_image
+from vlbert_core.rois import read_rois, read_rois_metadata
 
 REPO = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)
@@ -183,9 +182,9 @@ def test_cc_shard_tsv_round_trip_with_bad_rows_accounted(detector_file, tmp_path
                                      "size_mismatch": 1, "too_few_boxes": 1}
 
     # pre-training's reader takes the ok rows and knows the others failed
-    from vlbert_core.pretrain.data import read_cc_rois
+    from vlbert_core.pretrain.data import usable_cc_rois
 
-    entries, failures, num_classes = read_cc_rois(out, keep_boxes=19)
+    entries, failures, num_classes = usable_cc_rois(out, keep_boxes=19)
     assert sorted(entries) == keys[:2] and num_classes == NUM_CLASSES + 1
     assert failures == {k: status[k] for k in keys[2:]}
     np.testing.assert_allclose(entries[keys[0]].boxes, first.boxes, atol=1e-6)

@@ -250,3 +250,13 @@ def test_paper_base_with_init_from_fine_tunes_the_released_model_without_pretrai
     released = [inp for inp, out in released_jobs if "/released/" in out]
     assert len(released) == 4 and set(released) == {f"{init_from}/model.safetensors"}
     assert not (tmp_path / "results").exists()
+
+
+def test_conda_environment_mirrors_pyproject():
+    """envs/vlbert.yaml (for --software-deployment-method conda) installs exactly the project's dependencies."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    env = yaml.safe_load((REPO / "envs" / "vlbert.yaml").read_text())["dependencies"]
+    pip = next(entry["pip"] for entry in env if isinstance(entry, dict) and "pip" in entry)
+    assert sorted(pip) == sorted(project)

@@ -22,7 +22,7 @@ from vlbert_core.data.pool import imap_ordered
 from vlbert_core.data.reader import count_rows, num_shards_of, read_cc_tsv, shard_bounds
 from vlbert_core.data.resizer import ImageRejected, resize_image
 from vlbert_core.data.text import shard_text_corpus, split_sentences
-from vlbert_core.data.writer import ShardWriter
+from vlbert_core.data.writer import TarShardWriter
 
 RESIZE = {"max_side": 64, "mode": "keep_ratio"}
 FAST_DOWNLOAD = {"timeout_s": 2, "retries": 1, "threads": 2, "max_bytes": 1_000_000, "backoff_s": 0.01}
@@ -313,11 +313,11 @@ def test_imap_ordered_keeps_order_and_bounds_work():
 def test_shard_writer_is_atomic(tmp_path):
     target = tmp_path / "s.tar"
     with pytest.raises(RuntimeError):
-        with ShardWriter(target) as writer:
+        with TarShardWriter(target) as writer:
             writer.write("k-1", {"txt": "hello"})
             raise RuntimeError("crash mid-shard")
     assert not target.exists() and not list(tmp_path.iterdir())
-    with ShardWriter(target) as writer:
+    with TarShardWriter(target) as writer:
         with pytest.raises(ValueError, match="no dots"):
             writer.write("a.b", {"txt": "x"})
         writer.write("k-1", {"txt": "x"})

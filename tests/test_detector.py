@@ -25,14 +25,15 @@ from vlbert_core.detector import (
     extract_rois_to_parquet,
     load_detector,
     read_cc_shard,
-    read_rois,
     select_rois,
     train_detector,
     visual_state_dict,
 )
-from vlbert_core.detector.extract import RoIParquetWriter, decode_image, read_rois_metadata, run_detector
+from vlbert_core.detector.extract import run_detector
+from vlbert_core.detector.images import decode_image
 from vlbert_core.detector.metrics import ImageDetections, ImageGroundTruth
 from vlbert_core.detector.train import load_coco_split
+from vlbert_core.rois import RoIParquetWriter, read_rois, read_rois_metadata
 
 torch.set_num_threads(1)
 
@@ -535,6 +536,19 @@ def test_read_cc_shard_yields_images_in_order_and_rejects_imageless_samples(tmp_
         add(tar, "000000003.txt", b"caption without image")
     with pytest.raises(ValueError, match="000000003.*no image"):
         list(read_cc_shard(bad))
+    # webdataset would drop a member without an extension, and keep one of two images of a key
+    no_extension = tmp_path / "no_extension.tar"
+    with tarfile.open(no_extension, "w") as tar:
+        add(tar, "000000004.jpg", image)
+        add(tar, "000000005", image)
+    with pytest.raises(ValueError, match="'000000005' has no extension"):
+        list(read_cc_shard(no_extension))
+    twice = tmp_path / "twice.tar"
+    with tarfile.open(twice, "w") as tar:
+        add(tar, "000000006.jpg", image)
+        add(tar, "000000006.jpg", image)
+    with pytest.raises(ValueError, match="duplicate file name"):
+        list(read_cc_shard(twice))
 
 
 # ---------------------------------------------------------------- training

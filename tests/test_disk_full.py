@@ -18,7 +18,7 @@ from PIL import Image
 from test_cc_shard import DOWNLOAD as HTTP_DOWNLOAD, RESIZE
 from vlbert_core.data.cc import download_cc_shard
 from vlbert_core.data.partition import partition_cc_tsv
-from vlbert_core.detector.extract import RoIParquetWriter, read_rois
+from vlbert_core.rois import RoIParquetWriter, read_rois
 
 DOWNLOAD = {**HTTP_DOWNLOAD, "allow_file_urls": True}  # the images are local files
 
@@ -121,3 +121,23 @@ def test_roi_writer_failing_mid_file_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(OSError, match=r"rois\.parquet: No space left on device while writing it"):
         _write_rois(tmp_path / "rois.parquet")
     _assert_nothing_left(tmp_path)
+
+
+def test_parquet_writer_failing_at_close_leaves_nothing(tmp_path, monkeypatch):
+    import pyarrow as pa
+
+    from vlbert_core.parquet import AtomicParquetWriter
+
+    schema = pa.schema([("row", pa.int64()), ("text", pa.string())])
+    monkeypatch.setattr(pq.ParquetWriter, "close", _enospc)
+    with pytest.raises(OSError, match=r"rows\.parquet: No space left on device while writing it"):
+        with AtomicParquetWriter(tmp_path / "rows.parquet", schema, rows_per_group=2) as writer:
+            for i in range(5):
+                writer.add_row((i, f"row {i}"))
+    _assert_nothing_left(tmp_path)
+    monkeypatch.undo()
+    with AtomicParquetWriter(tmp_path / "rows.parquet", schema, rows_per_group=2) as writer:
+        for i in range(5):
+            writer.add_row((i, f"row {i}"))
+    written = pq.ParquetFile(tmp_path / "rows.parquet")
+    assert written.metadata.num_row_groups == 3 and written.read().column("row").to_pylist() == list(range(5))

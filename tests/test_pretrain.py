@@ -19,7 +19,7 @@ from vlbert_core.pretrain.data import (
     CaptionImageStream, DataStream, PretrainBatches, StreamConfig, TextStream, pair_shards_with_rois,
     read_cc_samples, read_held_out_captions, text_chunks,
 )
-from vlbert_core.pretrain.loop import APPEARANCE_STATS_IMAGES, build_vlbert_config, lr_factor
+from vlbert_core.pretrain.loop import APPEARANCE_STATS_IMAGES, build_vlbert_config
 from vlbert_core.pretrain.masking import IGNORE_INDEX, MaskingVocab, mask_rois, whole_word_mask, word_groups
 from vlbert_core.pretrain.objectives import VLBertForPretraining
 from vlbert_core.pretrain.visual_clue import sign_test_p, strided_word_variants, visual_clue_check
@@ -89,13 +89,6 @@ def test_text_chunks_concatenate_then_cut():
     lines = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [], [10], [11, 12]]
     assert text_chunks(lines, 4) == [[1, 2, 3, 4], [6, 7, 8, 9], [10, 11, 12]]
     assert text_chunks([], 4) == []
-
-
-def test_lr_schedule_warmup_then_linear_decay():
-    factors = [lr_factor(s, 10, 4) for s in range(10)]
-    assert factors[:4] == [0.25, 0.5, 0.75, 1.0]
-    assert factors[4] == 1.0 and factors[-1] == pytest.approx(1 / 6)
-    assert all(a > b for a, b in zip(factors[4:], factors[5:]))
 
 
 # ---- data -------------------------------------------------------------------------------------------

@@ -143,13 +143,14 @@ def test_pretraining_images_follow_the_pixel_format():
     import numpy as np
     from PIL import Image
 
-    from vlbert_core.pretrain.data import RoiEntry, decode_cc_sample
+    from vlbert_core.pretrain.data import decode_cc_sample
+    from vlbert_core.rois import RoIRecord
 
     buffer = io.BytesIO()
     Image.new("RGB", (16, 12), RGB).save(buffer, format="PNG")
     raw = {"png": buffer.getvalue(), "txt": b"an orange square", "__key__": "k"}
-    rois = RoiEntry(image_w=16, image_h=12, boxes=np.array([[1, 1, 8, 8]], np.float32),
-                    class_scores=np.full((1, 3), 1 / 3, np.float32))
+    rois = RoIRecord(key="k", status="ok", error="", image_w=16, image_h=12, num_boxes=1, num_classes=3,
+                     boxes=np.array([[1, 1, 8, 8]], np.float32), class_scores=np.full((1, 3), 1 / 3, np.float32))
     sample = decode_cc_sample(raw, rois, 16, 5, pixel_format="bgr255_caffe")
     torch.testing.assert_close(sample["image"][:, 3, 3], _expected_caffe_pixel(), atol=1e-3, rtol=0)
 

@@ -5,15 +5,17 @@ import math
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from vlbert_core.report import PLOTS, build_report
+from vlbert_core.rois import STATUS_OK, RoIParquetWriter
 from vlbert_core.report.inputs import (
     read_benchmarks,
     read_loss_curves,
-    read_roi_counts,
+    count_rois,
     read_shard_stats,
     summarise_benchmarks,
 )
@@ -53,13 +55,13 @@ def write_benchmark(path: Path, *lines: str) -> None:
 
 def write_rois(path: Path, statuses: list[str], num_boxes: list[int]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.table({
-        "key": [f"k{i}" for i in range(len(statuses))],
-        "status": statuses,
-        "num_boxes": pa.array(num_boxes, pa.int32()),
-        "boxes": [[0.0] * (4 * n) for n in num_boxes],
-    })
-    pq.write_table(table, path)
+    with RoIParquetWriter(path, num_classes=2, metadata={"source": "test"}) as writer:
+        for i, (status, n) in enumerate(zip(statuses, num_boxes)):
+            if status != STATUS_OK:
+                writer.add_failure(f"k{i}", status, "unreadable")
+                continue
+            writer.add(f"k{i}", image_w=8, image_h=6, boxes=np.zeros((n, 4), np.float32), scores=np.ones(n, np.float32),
+                       class_ids=np.ones(n, np.int32), class_scores=np.full((n, 2), 0.5, np.float32))
     return path
 
 
@@ -254,7 +256,7 @@ def test_shard_counts_must_add_up(tmp_path):
 
 
 def test_roi_counts_read_ok_rows_and_count_the_rest(workdir):
-    counts = read_roi_counts(sorted((workdir / "results/rois/cc").glob("*.parquet")))
+    counts = count_rois(sorted((workdir / "results/rois/cc").glob("*.parquet")))
     assert sorted(counts.num_boxes.tolist()) == [10, 10, 12, 12, 30]
     assert counts.not_ok == {"decode_error": 1}
 
@@ -262,8 +264,8 @@ def test_roi_counts_read_ok_rows_and_count_the_rest(workdir):
 def test_roi_parquet_without_num_boxes_is_named(tmp_path):
     path = tmp_path / "bad.parquet"
     pq.write_table(pa.table({"key": ["a"], "status": ["ok"]}), path)
-    with pytest.raises(ValueError, match=r"bad.parquet: not a RoI parquet, missing columns \['num_boxes'\]"):
-        read_roi_counts([path])
+    with pytest.raises(ValueError, match=r"bad.parquet: not a RoI parquet, missing columns \['error', 'image_w', 'image_h', 'num_boxes', 'num_classes'\]"):
+        count_rois([path])
 
 
 def test_benchmarks_are_read_by_rule_and_job(workdir):

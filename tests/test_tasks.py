@@ -270,15 +270,9 @@ def test_task_images_scale_to_the_visual_input_size_and_boxes_follow(tmp_path):
 # ---------------------------------------------------------------- learning-rate schedule
 
 
-def test_learning_rate_schedules():
-    from vlbert_core.tasks.finetune import learning_rate, schedule_steps
+def test_schedule_steps():
+    from vlbert_core.tasks.finetune import schedule_steps
 
-    lr = dict(base_lr=1.0, warmup_steps=2, total_steps=10, decay_steps=[6, 8])
-    adamw = [learning_rate(s, optimizer="adamw", **lr) for s in range(10)]
-    assert adamw[:3] == [0.5, 1.0, 1.0] and adamw[9] == pytest.approx(1 / 8)
-    assert all(a > b for a, b in zip(adamw[2:], adamw[3:]))
-    sgd = [learning_rate(s, optimizer="sgd", **lr) for s in range(10)]
-    assert sgd == pytest.approx([0.5, 1, 1, 1, 1, 1, 0.1, 0.1, 0.01, 0.01])
     hp = {"batch_size": 4, "epochs": 3, "warmup_steps": 100, "lr_steps": [2]}
     # 10 examples -> 3 steps per epoch; half schedule: 1.5 epochs -> 5 steps, decay at epoch 1
     assert schedule_steps(10, hp, 0.5) == {"epochs": 1.5, "steps_per_epoch": 3, "total_steps": 5,
@@ -305,7 +299,7 @@ def _write_rois(path: Path, boxes_by_key: dict) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from vlbert_core.detector.extract import ROI_SCHEMA
+    from vlbert_core.rois import ROI_SCHEMA
 
     rows = {name: [] for name in ROI_SCHEMA.names}
     for key, boxes in boxes_by_key.items():
@@ -386,21 +380,27 @@ def world(tmp_path_factory):
     for split, keys in det.items():
         _write_rois(root / f"rois/refcoco/{split}.parquet", keys)
 
-    # a tiny pre-trained model: 1 BERT layer, a narrow visual network
+    import torch
+
+    torch.set_num_threads(1)
+    save_tiny_pretrained(root / "pretrained")
+    return root, sources
+
+
+def save_tiny_pretrained(directory: Path) -> None:
+    """A tiny pre-trained model: 1 BERT layer, a narrow visual network (seeded)."""
     import torch
 
     from vlbert_core.model import VLBertConfig, VLBertModel
     from vlbert_core.model.bert_init import read_bert_config
     from vlbert_core.model.config import bert_fields_from_hf_config
 
-    torch.set_num_threads(1)
     torch.manual_seed(0)
     config = VLBertConfig(**bert_fields_from_hf_config(read_bert_config(SPEC), 1),
                           visual_backbone={"stage_widths": [8, 8, 16, 16], "blocks_per_stage": [1, 1, 1, 1],
                                            "block": "basic"},
                           appearance_dim=16, geometry_dim=16, num_object_classes=3, bert_path=SPEC)
-    VLBertModel.from_bert(config, None).save(root / "pretrained")
-    return root, sources
+    VLBertModel.from_bert(config, None).save(directory)
 
 
 HPARAMS = {"epochs": 1, "batch_size": 2, "lr": 1e-3, "optimizer": "adamw", "warmup_steps": 1,

@@ -178,7 +178,8 @@ def test_the_pipeline_runs_on_imported_bottom_up_rois(ci_run, tmp_path):
     fine-tunes and evaluates VQA on them. Runs in a copy of the finished run, so the other tests see it unchanged."""
     import numpy as np
 
-    from vlbert_core.detector import coco_image_id, read_rois, read_rois_metadata
+    from vlbert_core.detector import coco_image_id
+    from vlbert_core.rois import read_rois, read_rois_metadata
     from vlbert_core.detector.bottom_up import TSV_FIELDS
 
     workdir = tmp_path / "run"

@@ -7,8 +7,9 @@ import statements, including imports inside functions, and the `__init__.py` of 
 on the way). A job whose fingerprint changes is re-run, and Snakemake re-runs its downstream jobs
 because their inputs change.
 
-Task-specific code is kept apart: the modules in `TASK_MODULES` belong to one task, and a job of
-another task leaves them out of its fingerprint. Editing the VQA head (`tasks/heads/vqa.py`)
+Task-specific code is kept apart: the modules a registered task lists as its own
+(`Task.owned_modules`) belong to its family, and a job of another family leaves them out of its
+fingerprint. Editing the VQA head (`tasks/heads/vqa.py`)
 therefore re-runs the VQA fine-tunes and evaluations, not the VCR or RefCOCO+ ones.
 
 Blank lines, whole-line comments and trailing spaces are left out of the hash, so such edits
@@ -25,21 +26,24 @@ from pathlib import Path
 
 PACKAGE = "vlbert_core"
 
-# Modules owned by one task family (paths relative to the package). Every other module a script
-# imports is shared, and an edit of it re-runs every task.
-TASK_MODULES: dict[str, tuple[str, ...]] = {
-    "vcr": ("tasks/vcr.py", "tasks/heads/vcr.py"),
-    "vqa": ("tasks/vqa.py", "tasks/heads/vqa.py"),
-    "refcoco": ("tasks/refcoco.py", "tasks/heads/refcoco.py"),
-}
+def task_modules() -> dict[str, tuple[str, ...]]:
+    """{task family (a task's dataset): the modules only its tasks use, relative to the package},
+    from the task registry. Every other module a script imports is shared, and an edit of it
+    re-runs every task."""
+    from vlbert_core.tasks.registry import registered_tasks
+
+    modules: dict[str, tuple[str, ...]] = {}
+    for task in registered_tasks():
+        modules[task.dataset] = tuple(dict.fromkeys((*modules.get(task.dataset, ()), *task.owned_modules)))
+    return modules
 
 
 def task_family(task: str) -> str:
-    """vcr_q2a, vcr_qa2r, vcr_q2ar -> vcr; refcoco_gt, refcoco_det -> refcoco; vqa -> vqa."""
-    for family in TASK_MODULES:
-        if task == family or task.startswith(family + "_"):
-            return family
-    raise ValueError(f"task {task!r} belongs to none of {sorted(TASK_MODULES)}")
+    """The family of a fine-tune or eval task name: the dataset of the registered task it belongs to
+    (vcr_q2a, vcr_qa2r, vcr_q2ar -> vcr)."""
+    from vlbert_core.tasks.registry import task_of_name
+
+    return task_of_name(task).dataset
 
 
 def _module_file(root: Path, module: str) -> Path | None:
@@ -143,7 +147,7 @@ def code_fingerprint(root: str | Path, script: str | Path, task: str | None = No
         family = task_family(task)
         excluded = {
             (root / PACKAGE / module).resolve()
-            for other, modules in TASK_MODULES.items()
+            for other, modules in task_modules().items()
             if other != family
             for module in modules
         }

@@ -9,9 +9,12 @@ import os
 import random
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 
 def setup_logging(log_path: str | os.PathLike | None, level: int = logging.INFO) -> logging.Logger:
@@ -64,6 +67,25 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def save_safetensors(state_dict: Mapping[str, "torch.Tensor"], path: str | os.PathLike,
+                     metadata: Mapping[str, str] | None = None) -> None:
+    """Write a state dict as safetensors (detached, on CPU, contiguous), atomically."""
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
+    with atomic_path(path) as tmp:
+        save_file(state, str(tmp), metadata=None if metadata is None else dict(metadata))
+
+
+def load_safetensors(path: str | os.PathLike,
+                     keep: Callable[[str], bool] | None = None) -> dict[str, "torch.Tensor"]:
+    """The tensors of a safetensors file (only the keys `keep` accepts, when given), on CPU."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys() if keep is None or keep(k)}
 
 
 def seed_everything(seed: int) -> None:

@@ -7,7 +7,7 @@ from vlbert_core.data.logger import ShardAccounting, write_stats
 from vlbert_core.data.reader import CCRow, count_rows, iter_cc_tsv, num_shards_of, read_cc_tsv, shard_bounds
 from vlbert_core.data.resizer import ImageRejected, ResizedImage, resize_image
 from vlbert_core.data.text import iter_wiki_pages, shard_text_corpus, split_sentences, strip_wikitext
-from vlbert_core.data.writer import ShardWriter, cc_key, text_key
+from vlbert_core.data.writer import TarShardWriter, cc_key, text_key
 
 __all__ = [
     "USER_AGENT",
@@ -17,7 +17,7 @@ __all__ = [
     "ImageRejected",
     "ResizedImage",
     "ShardAccounting",
-    "ShardWriter",
+    "TarShardWriter",
     "cc_key",
     "count_rows",
     "download_cc_shard",

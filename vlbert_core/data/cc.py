@@ -17,7 +17,7 @@ from vlbert_core.data.pool import imap_ordered
 from vlbert_core.data.partition import read_shard_rows
 from vlbert_core.data.reader import CCRow
 from vlbert_core.data.resizer import ImageRejected, ResizedImage, resize_image
-from vlbert_core.data.writer import ShardWriter, cc_key, encode_json
+from vlbert_core.data.writer import TarShardWriter, cc_key, encode_json
 from vlbert_core.utils import get_logger
 
 log = get_logger(__name__)
@@ -115,7 +115,7 @@ def download_cc_shard(
     accounting = ShardAccounting(row_start, row_stop)
     failures_logged = 0
     started = time.monotonic()
-    with downloader, ShardWriter(out_tar) as writer, tqdm(
+    with downloader, TarShardWriter(out_tar) as writer, tqdm(
         total=rows_in, desc=f"{split}-{shard:05d}", unit="row", mininterval=2.0
     ) as progress:
         for outcome in imap_ordered(process, part.rows, downloader.threads):

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from vlbert_core.data import status as st
+from vlbert_core.parquet import AtomicParquetWriter
 from vlbert_core.utils import atomic_path
 
 ACCOUNTING_SCHEMA = pa.schema(
@@ -91,8 +91,8 @@ class ShardAccounting:
 
     def write_parquet(self, path: str | os.PathLike) -> None:
         self.check_complete()
-        with atomic_path(path) as tmp:
-            pq.write_table(self.to_table(), tmp)
+        with AtomicParquetWriter(path, ACCOUNTING_SCHEMA) as writer:
+            writer.write_table(self.to_table())
 
 
 def write_stats(stats: dict[str, Any], path: str | os.PathLike) -> None:

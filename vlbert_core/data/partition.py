@@ -31,7 +31,8 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from vlbert_core.data.reader import CCRow, iter_cc_tsv, num_shards_of, shard_bounds
-from vlbert_core.utils import atomic_path, get_logger
+from vlbert_core.parquet import AtomicParquetWriter
+from vlbert_core.utils import get_logger
 
 log = get_logger(__name__)
 
@@ -120,7 +121,7 @@ def partition_cc_tsv(
 
     schema = ROWS_SCHEMA.with_metadata({_METADATA_KEY: json.dumps(metadata, sort_keys=True).encode()})
     rows_iter = iter_cc_tsv(tsv)
-    with atomic_path(out_rows) as tmp, pq.ParquetWriter(tmp, schema) as writer:
+    with AtomicParquetWriter(out_rows, schema) as writer:
         for shard in range(num_shards):
             start, stop = shard_bounds(num_rows, shard, shard_rows)
             rows: list[CCRow] = []

@@ -36,11 +36,11 @@ from typing import Iterable, Iterator, Sequence
 
 import mwparserfromhell
 import pyarrow as pa
-import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from vlbert_core.data.writer import ShardWriter, encode_json, text_key
-from vlbert_core.utils import atomic_path, get_logger
+from vlbert_core.data.writer import TarShardWriter, encode_json, text_key
+from vlbert_core.parquet import AtomicParquetWriter
+from vlbert_core.utils import get_logger
 
 log = get_logger(__name__)
 
@@ -393,37 +393,6 @@ def iter_text_units(
 # -- shards -------------------------------------------------------------------------------------
 
 
-class _AccountingWriter:
-    """Appends accounting records to a parquet in batches: enwiki has over 20M pages."""
-
-    def __init__(self, path: Path, batch_rows: int = 100_000):
-        self.path = path
-        self.batch_rows = batch_rows
-        self.records: list[tuple] = []
-        self.writer: pq.ParquetWriter | None = None
-
-    def add(self, record: tuple) -> None:
-        self.records.append(record)
-        if len(self.records) >= self.batch_rows:
-            self.flush()
-
-    def flush(self) -> None:
-        columns = list(zip(*self.records)) or [()] * len(ACCOUNTING_SCHEMA)
-        table = pa.table(
-            [pa.array(list(column), type=field.type) for column, field in zip(columns, ACCOUNTING_SCHEMA)],
-            schema=ACCOUNTING_SCHEMA,
-        )
-        if self.writer is None:
-            self.writer = pq.ParquetWriter(self.path, ACCOUNTING_SCHEMA)
-        self.writer.write_table(table)
-        self.records = []
-
-    def close(self) -> None:
-        self.flush()
-        assert self.writer is not None
-        self.writer.close()
-
-
 def shard_text_corpus(
     corpus: str,
     source: str | os.PathLike,
@@ -449,8 +418,9 @@ def shard_text_corpus(
     num_shards = len(out_tars)
     counts = {name: 0 for name in TEXT_STATUSES}
     with contextlib.ExitStack() as stack:
-        writers = [stack.enter_context(ShardWriter(path)) for path in out_tars]
-        accounting = _AccountingWriter(stack.enter_context(atomic_path(out_accounting)))
+        writers = [stack.enter_context(TarShardWriter(path)) for path in out_tars]
+        # enwiki has over 20M pages: rows go to the file 100k at a time
+        accounting = stack.enter_context(AtomicParquetWriter(out_accounting, ACCOUNTING_SCHEMA, rows_per_group=100_000))
         pool = None
         if processes > 1 and corpus == "wiki":
             pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(processes))
@@ -464,7 +434,7 @@ def shard_text_corpus(
                 meta = {"source": corpus, "file": unit.file, "title": unit.title, "id": unit.id}
                 writers[shard].write(key, {"txt": "\n".join(unit.sentences) + "\n", "json": encode_json(meta)})
             counts[unit.status] += 1
-            accounting.add(
+            accounting.add_row(
                 (index, unit.file, unit.id, unit.title, unit.status, unit.reason, key, shard, len(unit.sentences))
             )
         total = sum(counts.values())
@@ -473,6 +443,5 @@ def shard_text_corpus(
         empty = [str(path) for path, writer in zip(out_tars, writers) if writer.count == 0]
         if empty:
             log.warning("%s: %d kept documents leave shards empty: %s", corpus, counts[KEPT], empty)
-        accounting.close()  # inside the stack: the parquet is renamed into place only on success
     log.info("%s from %s: %d units, %s; %d shards", corpus, source, total, counts, num_shards)
     return counts

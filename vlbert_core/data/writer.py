@@ -45,10 +45,10 @@ def encode_json(obj: Mapping[str, Any]) -> bytes:
     return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-class ShardWriter:
+class TarShardWriter:
     """Context manager writing samples {ext: bytes|str} under keys into one tar.
 
-        with ShardWriter("results/shards/cc/train-00000.tar") as shard:
+        with TarShardWriter("results/shards/cc/train-00000.tar") as shard:
             shard.write("train-000000000", {"jpg": jpeg, "txt": caption, "json": meta})
 
     The tar appears under its final name only when the block exits without an exception.
@@ -61,7 +61,7 @@ class ShardWriter:
         self._stack: contextlib.ExitStack | None = None
         self._tar: webdataset.TarWriter | None = None
 
-    def __enter__(self) -> "ShardWriter":
+    def __enter__(self) -> "TarShardWriter":
         stack = contextlib.ExitStack()
         try:
             tmp = stack.enter_context(atomic_path(self.path))
@@ -82,7 +82,7 @@ class ShardWriter:
 
     def write(self, key: str, members: Mapping[str, bytes | str]) -> None:
         if self._tar is None:
-            raise RuntimeError(f"{self.path}: write() outside the `with ShardWriter(...)` block")
+            raise RuntimeError(f"{self.path}: write() outside the `with TarShardWriter(...)` block")
         if not _KEY_PATTERN.match(key):
             raise ValueError(f"{self.path}: sample key {key!r} must match {_KEY_PATTERN.pattern} (no dots)")
         if key in self._keys:

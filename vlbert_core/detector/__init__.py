@@ -1,57 +1,52 @@
-"""The R-C4 Faster R-CNN detector, its training, and the RoI selection and extraction."""
+"""The R-C4 Faster R-CNN detector, its training, and the RoI selection and extraction.
 
-from .bottom_up import cc_image_id, coco_image_id, import_bottom_up_rois, import_rois_with_detector
-from .extract import (
-    RoIParquetWriter,
-    RoIRecord,
-    classify_boxes,
-    detect_rois,
-    extract_rois_to_parquet,
-    extract_rois_with_detector,
-    read_cc_shard,
-    read_rois,
-    read_rois_metadata,
-    run_detector,
-    selection_kwargs,
-)
-from .faster_rcnn import build_detector
-from .metrics import average_precision, evaluate_ap50
-from .resnet_c4 import (
-    DETECTOR_BODY_PREFIX,
-    DETECTOR_HEAD_PREFIX,
-    ResNetC4Config,
-    build_resnet_c4,
-    visual_state_dict,
-)
-from .select import SelectedRoIs, select_rois
-from .train import load_detector, train_detector
+The names below are loaded from their submodule on first use, so that importing one light
+submodule (pixels, resnet_c4, as vlbert_core.model does) does not load the extraction's pyarrow
+and DataLoader code or the training code. The RoI file format itself is vlbert_core.rois.
+"""
 
-__all__ = [
-    "extract_rois_with_detector",
-    "DETECTOR_BODY_PREFIX",
-    "DETECTOR_HEAD_PREFIX",
-    "ResNetC4Config",
-    "RoIParquetWriter",
-    "RoIRecord",
-    "SelectedRoIs",
-    "average_precision",
-    "build_detector",
-    "build_resnet_c4",
-    "cc_image_id",
-    "classify_boxes",
-    "coco_image_id",
-    "detect_rois",
-    "evaluate_ap50",
-    "extract_rois_to_parquet",
-    "import_bottom_up_rois",
-    "import_rois_with_detector",
-    "load_detector",
-    "read_cc_shard",
-    "read_rois",
-    "read_rois_metadata",
-    "run_detector",
-    "select_rois",
-    "selection_kwargs",
-    "train_detector",
-    "visual_state_dict",
-]
+from __future__ import annotations
+
+import importlib
+
+_SUBMODULE_OF = {
+    "cc_image_id": "bottom_up",
+    "coco_image_id": "bottom_up",
+    "import_bottom_up_rois": "bottom_up",
+    "import_rois_with_detector": "bottom_up",
+    "classify_boxes": "extract",
+    "detect_rois": "extract",
+    "extract_rois_to_parquet": "extract",
+    "extract_rois_with_detector": "extract",
+    "read_cc_shard": "extract",
+    "run_detector": "extract",
+    "selection_kwargs": "extract",
+    "build_detector": "faster_rcnn",
+    "decode_image": "images",
+    "to_unit_float": "images",
+    "average_precision": "metrics",
+    "evaluate_ap50": "metrics",
+    "DETECTOR_BODY_PREFIX": "resnet_c4",
+    "DETECTOR_HEAD_PREFIX": "resnet_c4",
+    "ResNetC4Config": "resnet_c4",
+    "build_resnet_c4": "resnet_c4",
+    "visual_state_dict": "resnet_c4",
+    "SelectedRoIs": "select",
+    "select_rois": "select",
+    "load_detector": "train",
+    "train_detector": "train",
+}
+
+__all__ = sorted(_SUBMODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _SUBMODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_SUBMODULE_OF[name]}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

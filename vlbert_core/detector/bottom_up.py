@@ -1,4 +1,4 @@
-"""Bring your own RoIs: import a bottom-up-attention TSV into our RoI parquet (extract.ROI_SCHEMA).
+"""Bring your own RoIs: import a bottom-up-attention TSV into our RoI parquet (vlbert_core.rois).
 
 The TSV is what bottom-up-attention's `tools/generate_tsv.py` writes (Anderson et al. 2018): tab
 separated, no header, one image per line, fields
@@ -57,7 +57,6 @@ import math
 import os
 import re
 import sys
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -66,8 +65,18 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..rois import (
+    STATUS_BAD_TSV_ROW,
+    STATUS_MISSING_IN_TSV,
+    STATUS_OK,
+    STATUS_SIZE_MISMATCH,
+    STATUS_TOO_FEW_BOXES,
+    RoIParquetWriter,
+)
 from ..utils import get_logger
-from .extract import RoIParquetWriter, _check_unique_keys, classify_boxes, decoded_batches, to_unit_float
+from .extract import _check_unique_keys, classify_boxes, decoded_batches
+from .images import to_unit_float
+from .train import load_detector
 
 log = get_logger(__name__)
 
@@ -330,7 +339,7 @@ def import_bottom_up_rois(
             # rows in sample order: a failure (status, error) or a _PendingRow awaiting class scores
             rows: list[tuple[str, str, str] | _PendingRow] = []
             for key, image, status, error in batch:
-                if status != "ok":
+                if status != STATUS_OK:
                     rows.append((key, status, error))
                     continue
                 try:
@@ -367,8 +376,8 @@ def import_bottom_up_rois(
                 writer.add(row.key, image_w=int(row.image.shape[-1]), image_h=int(row.image.shape[-2]),
                            boxes=row.boxes[order], scores=scores[order], class_ids=class_ids[order],
                            class_scores=class_scores[order])
-            progress.set_postfix(ok=writer.status_counts["ok"],
-                                 failed=sum(writer.status_counts.values()) - writer.status_counts["ok"])
+            progress.set_postfix(ok=writer.status_counts[STATUS_OK],
+                                 failed=sum(writer.status_counts.values()) - writer.status_counts[STATUS_OK])
         writer.metadata.update({
             "rows_capped": rows_capped,
             "tsv_lines": index.num_lines,
@@ -376,7 +385,7 @@ def import_bottom_up_rois(
             "unattributed_bad_lines": [f"line {n}: {reason}" for n, reason in index.unattributed[:MAX_LISTED_BAD_LINES]],
             "num_unattributed_bad_lines": len(index.unattributed),
         })
-    num_ok = writer.status_counts["ok"]
+    num_ok = writer.status_counts[STATUS_OK]
     counts = {"rows": len(samples), "ok": num_ok, "failed": len(samples) - num_ok}
     log.info("%s: %d rows, %d ok, %d failed %s, %d capped to %d boxes, %.1f RoIs per image", out_parquet,
              counts["rows"], num_ok, counts["failed"], dict(writer.status_counts), rows_capped, max_boxes,
@@ -393,18 +402,18 @@ class _RowFailure(Exception):
 def _usable_row(key: str, image: torch.Tensor, image_id: str, handle, index: TsvIndex, min_boxes: int) -> _PendingRow:
     """The TSV row of one decoded image, checked and with boxes in the image's pixels, or _RowFailure."""
     if image_id not in index.lines and image_id not in index.repeated:
-        raise _RowFailure("missing_in_tsv", f"no line with image_id {image_id}")
+        raise _RowFailure(STATUS_MISSING_IN_TSV, f"no line with image_id {image_id}")
     try:
         row = read_bottom_up_row(handle, index, image_id)
     except BadTsvRow as exc:
-        raise _RowFailure("bad_tsv_row", str(exc)) from exc
+        raise _RowFailure(STATUS_BAD_TSV_ROW, str(exc)) from exc
     height, width = int(image.shape[-2]), int(image.shape[-1])
     scale_x, scale_y = width / row.image_w, height / row.image_h
     if abs(scale_x / scale_y - 1.0) > ASPECT_TOLERANCE:
-        raise _RowFailure("size_mismatch", f"line {row.line}: image_id {image_id}: {row.image_w}x{row.image_h} in the "
+        raise _RowFailure(STATUS_SIZE_MISMATCH, f"line {row.line}: image_id {image_id}: {row.image_w}x{row.image_h} in the "
                                            f"TSV but our image {key!r} is {width}x{height} (another aspect ratio)")
     if len(row.boxes) < min_boxes:
-        raise _RowFailure("too_few_boxes", f"line {row.line}: image_id {image_id}: {len(row.boxes)} boxes, "
+        raise _RowFailure(STATUS_TOO_FEW_BOXES, f"line {row.line}: image_id {image_id}: {len(row.boxes)} boxes, "
                                            f"rois.min_boxes is {min_boxes}")
     boxes = row.boxes * np.array([scale_x, scale_y, scale_x, scale_y], dtype=np.float32)
     boxes = np.clip(boxes, 0.0, np.array([width, height, width, height], dtype=np.float32)).astype(np.float32)
@@ -416,7 +425,6 @@ def import_rois_with_detector(tsv_path: str | os.PathLike, model_path: str | os.
                               rois_cfg: Mapping[str, Any], *, image_id_of: Callable[[str], str],
                               device: str = "cpu") -> dict[str, int]:
     """Load the detector checkpoint and import the RoIs of `samples` from a bottom-up TSV."""
-    from .train import load_detector  # train imports extract, which this module imports
 
     model, _ = load_detector(model_path, map_location=device)
     return import_bottom_up_rois(tsv_path, samples, out_parquet, rois_cfg, model.to(device), image_id_of=image_id_of,

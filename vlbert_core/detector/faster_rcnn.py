@@ -49,15 +49,13 @@ from torchvision.ops import MultiScaleRoIAlign, RoIPool, batched_nms
 from torchvision.ops.misc import Conv2dNormActivation
 
 from .pixels import get_pixel_format, normalise_pixels
-from .resnet_c4 import ResNetC4Config, build_resnet_c4
+from .resnet_c4 import FEATURE_STRIDE, ROI_OUTPUT_SIZE, ROI_SAMPLING_RATIO, ResNetC4Config, build_resnet_c4
 
 # Anchor sizes that cover objects from ~1/8 to the whole of a 128-px image; real configs with
 # 600-px images set `detector.anchor_sizes` (e.g. [32, 64, 128, 256, 512]).
 DEFAULT_ANCHOR_SIZES = (16, 32, 64, 128)
 DEFAULT_ASPECT_RATIOS = (0.5, 1.0, 2.0)
-FEATURE_STRIDE = 16             # the C4 body's stride (conv1, pool1, stages 3 and 4 halve the map)
 CAFFE_ANCHOR_BASE_SIZE = 16     # py-faster-rcnn's reference window (0, 0, 15, 15)
-ROI_OUTPUT_SIZE = 14
 
 ANCHOR_STYLES = ("torchvision", "caffe", "detectron2")
 BOX_CODINGS = ("torchvision", "caffe_legacy")
@@ -354,7 +352,8 @@ def build_detector(cfg: Mapping[str, Any], num_classes: int) -> FasterRCNN:
     num_anchors = anchor_generator.num_anchors_per_location()[0]
     rpn_head = WideRPNHead(body_out, num_anchors, int(cfg["rpn_head_channels"])) if "rpn_head_channels" in cfg \
         else RPNHead(body_out, num_anchors)
-    roi_align = MultiScaleRoIAlign(featmap_names=["0"], output_size=ROI_OUTPUT_SIZE, sampling_ratio=2)
+    roi_align = MultiScaleRoIAlign(featmap_names=["0"], output_size=ROI_OUTPUT_SIZE,
+                                   sampling_ratio=ROI_SAMPLING_RATIO)
     predictor = FastRCNNPredictor(head_out, num_classes + 1)
 
     post_train = int(cfg["rpn_post_nms_train"])

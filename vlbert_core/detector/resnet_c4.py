@@ -45,6 +45,15 @@ from ..safe_pickle import load_torch_file
 DETECTOR_BODY_PREFIX = "backbone."
 DETECTOR_HEAD_PREFIX = "roi_heads.box_head."
 
+# How each RoI is cut out of the body's map for the head, in the detector and in VL-BERT's visual network
+# (which must pool as the detector did, so that its stage-5 head sees the features it was trained on).
+FEATURE_STRIDE = 16      # the body's stride (conv1, pool1, stages 3 and 4 halve the map)
+ROI_OUTPUT_SIZE = 14     # RoIAlign output side; stage 5 halves it to 7 (or keeps 14 when dilated)
+ROI_SAMPLING_RATIO = 2   # bilinear samples per bin side (released VL-BERT's ROIAlign: 1)
+# torchvision's MultiScaleRoIAlign uses the legacy aligned=False convention, as did the released
+# VL-BERT's maskrcnn-benchmark ROIAlign.
+ROI_ALIGNED = False
+
 _TORCHVISION_DEPTHS = {18: tv_resnet.resnet18, 34: tv_resnet.resnet34, 50: tv_resnet.resnet50,
                        101: tv_resnet.resnet101, 152: tv_resnet.resnet152}
 _BLOCKS = {"basic": tv_resnet.BasicBlock, "bottleneck": tv_resnet.Bottleneck}

@@ -13,8 +13,9 @@ import torch
 from torchvision.models.detection import FasterRCNN
 from tqdm import tqdm
 
+from ..optim import OptimizerSettings, build_optimizer, build_scheduler, detectron_step_decay
 from ..utils import atomic_path, get_logger, seed_everything
-from .extract import decode_image
+from .images import decode_image
 from .faster_rcnn import build_detector
 from .metrics import ImageDetections, ImageGroundTruth, evaluate_ap50
 from ..safe_pickle import load_torch_file
@@ -110,14 +111,6 @@ def _hflip(image: torch.Tensor, boxes: torch.Tensor) -> tuple[torch.Tensor, torc
     return image.flip(-1), flipped
 
 
-def _lr_factor(step: int, steps: int, warmup_steps: int, decay_at: tuple[float, ...]) -> float:
-    factor = 0.1 ** sum(step >= int(frac * steps) for frac in decay_at)
-    if step < warmup_steps:
-        alpha = step / warmup_steps
-        factor *= WARMUP_START_FACTOR * (1 - alpha) + alpha
-    return factor
-
-
 def evaluate_detector(model: FasterRCNN, data: list[DetectionImage], num_classes: int, batch_size: int = 16) -> dict:
     """AP@0.5 of the model's standard detections (score > box_score_thresh, per-class NMS)."""
     model.eval()
@@ -163,9 +156,12 @@ def train_detector(
     num_classes = len(categories)
     model = build_detector(cfg, num_classes)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.SGD(params, lr=float(train_cfg["lr"]), momentum=MOMENTUM,
-                                weight_decay=float(train_cfg["weight_decay"]))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, steps, warmup_steps, decay_at))
+    optimizer = build_optimizer(model, OptimizerSettings(
+        "sgd", lr=float(train_cfg["lr"]), weight_decay=float(train_cfg["weight_decay"]), momentum=MOMENTUM,
+        decay_all=True))
+    decay_steps = [int(frac * steps) for frac in decay_at]
+    scheduler = build_scheduler(
+        optimizer, lambda s: detectron_step_decay(s, warmup_steps, decay_steps, WARMUP_START_FACTOR))
 
     generator = torch.Generator().manual_seed(seed)
     order: list[int] = []

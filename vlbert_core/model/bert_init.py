@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from ..safe_pickle import load_torch_file
+from ..utils import load_safetensors
 
 PACKAGE_PREFIX = "package:"
 # Keys of BERT's pre-training MLM head (BertForPreTraining / BertForMaskedLM), absent in BertModel.
@@ -70,10 +71,7 @@ def load_bert_mlm_head_state(spec: str) -> dict[str, torch.Tensor] | None:
     safetensors_file = path / "model.safetensors"
     bin_file = path / "pytorch_model.bin"
     if safetensors_file.is_file():
-        from safetensors import safe_open
-
-        with safe_open(str(safetensors_file), "pt") as f:
-            state = {k: f.get_tensor(k) for k in f.keys() if MLM_HEAD_PREFIX in k}
+        state = load_safetensors(safetensors_file, keep=lambda k: MLM_HEAD_PREFIX in k)
     elif bin_file.is_file():
         full = load_torch_file(bin_file, "a BERT checkpoint")
         state = {k: v for k, v in full.items() if MLM_HEAD_PREFIX in k}

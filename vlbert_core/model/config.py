@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from vlbert_core.detector.resnet_c4 import ROI_OUTPUT_SIZE, ROI_SAMPLING_RATIO
+
 # Segments: sentence A = 0, sentence B = 1, visual elements and [END] = 2.
 NUM_SEGMENTS = 3
 GEOMETRY_ENCODINGS = ("corners", "centre_size")
@@ -38,7 +40,7 @@ class VLBertConfig:
     appearance_dim: int = 128        # RoI head output size (128 small, 2048 ResNet-50/101)
     geometry_dim: int = 2048         # sin/cos geometry embedding size (paper: 2048)
     num_object_classes: int = 1      # detector classes incl. background (soft RoI labels)
-    roi_align_size: int = 14
+    roi_align_size: int = ROI_OUTPUT_SIZE
     tune_frcnn: bool = False         # train stages 3-5 of the visual network
     frozen_stages: int = 2
     freeze_bn: bool = True
@@ -61,7 +63,7 @@ class VLBertConfig:
     # whether a text-only sample ends with [END] (released: yes, right after its [SEP]) or not (ours)
     text_only_end: bool = False
     # RoIAlign bilinear samples per bin side (released ROIAlign: sampling_ratio 1)
-    roi_sampling_ratio: int = 2
+    roi_sampling_ratio: int = ROI_SAMPLING_RATIO
     # the masked-RoI classification head's transform: dense -> act -> LayerNorm (ours, as BERT's MLM head)
     # or dense -> act (released VisualLinguisticBertMVRCHeadTransform)
     roi_cls_layer_norm: bool = True

@@ -8,7 +8,7 @@ from torch import nn
 from .bert_init import load_bert_mlm_head_state, load_bert_state_dict
 from .config import VLBertConfig
 from .encoder import activation_fn
-from .vlbert import INIT_STD, init_new_parameters
+from .initialization import INIT_STD, init_new_parameters
 
 
 class PredictionTransform(nn.Module):

@@ -8,15 +8,10 @@ import torch
 from torch import nn
 from torchvision.ops import roi_align
 
-from vlbert_core.detector.resnet_c4 import build_resnet_c4, visual_state_dict
+from vlbert_core.detector.resnet_c4 import FEATURE_STRIDE, ROI_ALIGNED, build_resnet_c4, visual_state_dict
 
 from .config import VLBertConfig
 
-FEATURE_STRIDE = 16
-# The detector that initialises this network pools with torchvision's MultiScaleRoIAlign, which uses
-# the legacy aligned=False convention (as did the released VL-BERT's maskrcnn-benchmark ROIAlign);
-# pooling the same way keeps its stage-5 head seeing the features it was trained on.
-ROI_ALIGNED = False
 
 # Detectron-style stage numbering of the C4 body: stage 1 = stem, stages 2-4 = layer1-3, stage 5 = head.
 _STAGE_MODULES = {1: ("body.conv1", "body.bn1"), 2: ("body.layer1",), 3: ("body.layer2",), 4: ("body.layer3",),

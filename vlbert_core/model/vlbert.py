@@ -10,18 +10,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vlbert_core.utils import atomic_path, get_logger
+from vlbert_core.utils import atomic_path, get_logger, load_safetensors, save_safetensors
 
 from .batch import VLBertBatch
 from .bert_init import load_bert_state_dict, read_bert_config
 from .config import VLBertConfig
 from .embeddings import VLBertEmbeddings
 from .encoder import VLBertEncoder, bert_encoder_key_map
+from .initialization import INIT_STD, init_new_parameters
 from .visual import FastRCNNVisualNetwork
 
 log = get_logger(__name__)
 
-INIT_STD = 0.02  # BERT's initializer_range; used for every new parameter
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
@@ -39,20 +39,6 @@ class VLBertOutput:
     roi_features: torch.Tensor | None          # [B, R, appearance_dim] (zeros for text-only samples/padding)
 
 
-def init_new_parameters(module: nn.Module, std: float = INIT_STD) -> None:
-    """BERT's scheme for parameters that do not come from a checkpoint."""
-    for m in module.modules():
-        if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, std=std)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.Embedding):
-            nn.init.normal_(m.weight, std=std)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
-
-
 class VLBertModel(nn.Module):
     def __init__(self, config: VLBertConfig):
         super().__init__()
@@ -67,9 +53,20 @@ class VLBertModel(nn.Module):
     def word_embeddings(self) -> nn.Embedding:
         return self.embeddings.word_embeddings
 
-    def visual_features(self, batch: VLBertBatch) -> torch.Tensor | None:
+    def visual_features(self, batch: VLBertBatch, rows_per_image: int = 1) -> torch.Tensor | None:
         """The visual network's RoI features [B, R, appearance_dim] (zeros for text-only samples), or None
-        when the batch has no image."""
+        when the batch has no image.
+
+        `rows_per_image` > 1: each run of that many consecutive rows shares one image and its boxes (the
+        four VCR candidates); the network runs once per image and its features repeat over the run.
+        """
+        if rows_per_image > 1:
+            if batch.batch_size % rows_per_image:
+                raise ValueError(f"batch of {batch.batch_size} rows is not made of groups of {rows_per_image}")
+            masked = None if batch.roi_masked is None else batch.roi_masked[::rows_per_image]
+            features = self.visual_network(batch.images[::rows_per_image], batch.boxes[::rows_per_image],
+                                           batch.box_valid[::rows_per_image], masked)
+            return features.repeat_interleave(rows_per_image, dim=0)
         roi_features = None
         if batch.images is not None and bool(batch.has_image.any()):
             if bool(batch.has_image.all()):
@@ -83,18 +80,26 @@ class VLBertModel(nn.Module):
                 roi_features = roi_features.index_copy(0, idx, features)
         return roi_features
 
-    def forward(self, batch: VLBertBatch, roi_features: torch.Tensor | None = None) -> VLBertOutput:
-        """`roi_features`, if given, replaces the visual network's output (`visual_features(batch)`, computed
-        with the batch's RoI masking), e.g. to reuse one image's features for several sequences. A training
-        step may bypass only a frozen visual network: its output then depends on nothing that trains."""
+    def encode(self, batch: VLBertBatch, roi_features: torch.Tensor | None = None,
+               rows_per_image: int = 1) -> VLBertOutput:
+        """The sequence outputs of a batch: what the pre-training and fine-tuning heads read.
+
+        `roi_features`, if given, replaces the visual network's output (`visual_features(batch,
+        rows_per_image)`, computed with the batch's RoI masking), e.g. features of a frozen visual network
+        computed once per image. A training step may bypass only a frozen visual network: its output then
+        depends on nothing that trains."""
         if roi_features is None:
-            roi_features = self.visual_features(batch)
+            roi_features = self.visual_features(batch, rows_per_image)
         elif self.visual_network.tune and torch.is_grad_enabled():
-            raise ValueError("VLBertModel.forward: precomputed roi_features would bypass the tuned visual network "
+            raise ValueError("VLBertModel.encode: precomputed roi_features would bypass the tuned visual network "
                              "(tune_frcnn) in a step that computes gradients")
         embedded = self.embeddings(batch.input_ids, batch.element_kind, batch.segment_ids, batch.position_ids,
                                    batch.roi_index, batch.has_image, batch.boxes, roi_features, batch.roi_masked)
         return VLBertOutput(sequence_output=self.encoder(embedded, batch.attention_mask), roi_features=roi_features)
+
+    def forward(self, batch: VLBertBatch, roi_features: torch.Tensor | None = None,
+                rows_per_image: int = 1) -> VLBertOutput:
+        return self.encode(batch, roi_features, rows_per_image)
 
     # ---- initialisation, saving and loading -------------------------------------------------------
 
@@ -139,20 +144,14 @@ class VLBertModel(nn.Module):
         return model
 
     def save(self, directory: str | os.PathLike) -> None:
-        from safetensors.torch import save_file
-
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        with atomic_path(directory / MODEL_FILE) as tmp:
-            save_file(state, str(tmp))
+        save_safetensors(self.state_dict(), directory / MODEL_FILE)
         with atomic_path(directory / CONFIG_FILE) as tmp:
             tmp.write_text(json.dumps(self.config.to_dict(), indent=2, sort_keys=True) + "\n")
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> "VLBertModel":
-        from safetensors.torch import load_file
-
         directory = Path(directory)
         config_path, weights_path = directory / CONFIG_FILE, directory / MODEL_FILE
         for path in (config_path, weights_path):
@@ -164,7 +163,7 @@ class VLBertModel(nn.Module):
             raise ValueError(f"VLBertModel.load: {config_path}: {exc}") from exc
         with torch.device("meta"):  # every tensor comes from the file: no random init to throw away
             model = cls(config)
-        missing, unexpected = model.load_state_dict(load_file(str(weights_path)), strict=False, assign=True)
+        missing, unexpected = model.load_state_dict(load_safetensors(weights_path), strict=False, assign=True)
         if missing or unexpected:
             raise ValueError(f"VLBertModel.load: {weights_path} does not match {config_path}: missing "
                              f"{sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}")

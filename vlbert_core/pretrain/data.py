@@ -35,6 +35,7 @@ from vlbert_core.model import VLBertBatch, build_input_sequence, collate_samples
 from vlbert_core.detector.pixels import DEFAULT_PIXEL_FORMAT
 from vlbert_core.model.batch import fit_image
 from vlbert_core.model.inputs import boxes_with_whole_image
+from vlbert_core.rois import RoIRecord, read_rois
 from vlbert_core.utils import get_logger
 
 from .masking import IGNORE_INDEX, MaskingVocab, mask_rois, whole_word_mask
@@ -47,57 +48,25 @@ SHUFFLE_INITIAL = 100
 NEGATIVE_CAPTION_POOL = 64   # recent captions that mismatched pairs (setting c) draw from
 MISMATCH_PROB = 0.5
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png")
-_ROI_COLUMNS = ("key", "status", "error", "image_w", "image_h", "num_boxes", "boxes", "class_scores", "num_classes")
 _SOURCE_CC, _SOURCE_TEXT = 1, 2  # seeds the shard order and the masking of each source
 
 
 # ---- RoI parquets -----------------------------------------------------------------------------------
 
-@dataclass
-class RoiEntry:
-    image_w: int
-    image_h: int
-    boxes: np.ndarray          # N x 4 float32, x1,y1,x2,y2 in the frame image_w x image_h, sorted by score
-    class_scores: np.ndarray   # N x C float32 (C includes background)
-
-
-def read_cc_rois(path: str | os.PathLike, keep_boxes: int) -> tuple[dict[str, RoiEntry], dict[str, str], int | None]:
-    """{key: RoiEntry} of the rows with status ok (first keep_boxes boxes), {key: status} of the failed rows,
-    and C (classes incl. background)."""
-    import pyarrow.parquet as pq
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"RoI parquet {path} does not exist")
-    table = pq.read_table(path)
-    missing = [c for c in _ROI_COLUMNS if c not in table.column_names]
-    if missing:
-        raise ValueError(f"RoI parquet {path} lacks columns {missing} (has {table.column_names})")
-    entries: dict[str, RoiEntry] = {}
+def usable_cc_rois(path: str | os.PathLike, keep_boxes: int) -> tuple[dict[str, RoIRecord], dict[str, str], int | None]:
+    """The rows of a CC RoI parquet that pre-training uses: {key: record} of the ok rows (first keep_boxes
+    boxes), {key: status} of the failed rows, and C (classes incl. background; None for a file without rows)."""
+    entries: dict[str, RoIRecord] = {}
     failures: dict[str, str] = {}
     num_classes: int | None = None
-    for row_index, row in enumerate(table.select(list(_ROI_COLUMNS)).to_pylist()):
-        key = row["key"]
-        if row["status"] != "ok":
-            failures[key] = str(row["status"])
+    for row_index, (key, record) in enumerate(read_rois(path, keep_boxes=keep_boxes).items()):
+        num_classes = record.num_classes
+        if not record.ok:
+            failures[key] = record.status
             continue
-        if key in entries:
-            raise ValueError(f"RoI parquet {path} row {row_index}: duplicate key {key!r}")
-        n, c = int(row["num_boxes"]), int(row["num_classes"])
-        boxes = np.asarray(row["boxes"], dtype=np.float32)
-        scores = np.asarray(row["class_scores"], dtype=np.float32)
-        if n < 1 or boxes.size != 4 * n or scores.size != n * c:
-            raise ValueError(f"RoI parquet {path} row {row_index} (key {key!r}): num_boxes={n}, num_classes={c} "
-                             f"but boxes has {boxes.size} values and class_scores {scores.size}")
-        if num_classes is None:
-            num_classes = c
-        elif c != num_classes:
-            raise ValueError(f"RoI parquet {path} row {row_index} (key {key!r}): num_classes={c}, earlier rows {num_classes}")
-        if int(row["image_w"]) <= 0 or int(row["image_h"]) <= 0:
-            raise ValueError(f"RoI parquet {path} row {row_index} (key {key!r}): bad image size "
-                             f"{row['image_w']}x{row['image_h']}")
-        entries[key] = RoiEntry(int(row["image_w"]), int(row["image_h"]), boxes.reshape(n, 4)[:keep_boxes].copy(),
-                                scores.reshape(n, c)[:keep_boxes].copy())
+        if record.num_boxes < 1:
+            raise ValueError(f"RoI parquet {path} row {row_index} (key {key!r}): an ok row without boxes")
+        entries[key] = record
     return entries, failures, num_classes
 
 
@@ -183,7 +152,7 @@ def _epoch_pipeline(urls: list[str], seed: int, stream: int, source: int, epoch:
     return iter(wds.DataPipeline(*stages))
 
 
-def decode_cc_sample(raw: dict, rois: RoiEntry, image_max_side: int, max_rois: int,
+def decode_cc_sample(raw: dict, rois: RoIRecord, image_max_side: int, max_rois: int,
                      pixel_format: str = DEFAULT_PIXEL_FORMAT) -> dict:
     """The caption, the image (fitted to image_max_side, normalised as `pixel_format`) and its boxes (box 0 =
     whole image) with their class scores (a zero row for box 0), from one raw CC sample and its RoI row."""
@@ -213,7 +182,7 @@ def read_cc_samples(shard_pairs: list[tuple[str, str]], first: int, stop: int, c
     `decode_cc_sample`, in shard order."""
     samples = []
     for url, parquet in shard_pairs:
-        entries, _, _ = read_cc_rois(parquet, cfg.max_rois - 1)
+        entries, _, _ = usable_cc_rois(parquet, cfg.max_rois - 1)
         pipeline = wds.DataPipeline(wds.SimpleShardList([url]), wds.tarfile_to_samples())
         for position, raw in enumerate(pipeline):
             if position >= stop:
@@ -239,7 +208,7 @@ class CaptionImageStream:
         self.pairs = _stream_shards(shard_pairs, cfg.stream, cfg.num_streams, "CC shards")
         self.tokenizer, self.vocab, self.cfg, self.setting = tokenizer, vocab, cfg, setting
         self.num_object_classes = num_object_classes
-        self._rois: dict[str, tuple[dict[str, RoiEntry], dict[str, str]]] = {}
+        self._rois: dict[str, tuple[dict[str, RoIRecord], dict[str, str]]] = {}
         self.epoch, self.consumed = 0, 0
         self.recent_captions: list[str] = []
         self.skipped: Counter = Counter()
@@ -255,10 +224,10 @@ class CaptionImageStream:
         self.skipped = Counter(state["skipped"])
         self._iterator = None
 
-    def _rois_of(self, url: str) -> tuple[dict[str, RoiEntry], dict[str, str]]:
+    def _rois_of(self, url: str) -> tuple[dict[str, RoIRecord], dict[str, str]]:
         if url not in self._rois:
             parquet = dict(self.pairs)[url]
-            entries, failures, num_classes = read_cc_rois(parquet, self.cfg.max_rois - 1)
+            entries, failures, num_classes = usable_cc_rois(parquet, self.cfg.max_rois - 1)
             if num_classes is not None and num_classes != self.num_object_classes:
                 raise ValueError(f"RoI parquet {parquet}: {num_classes} classes, the detector has {self.num_object_classes}")
             self._rois[url] = (entries, failures)

@@ -31,6 +31,7 @@ from vlbert_core.detector import build_resnet_c4, load_detector
 from vlbert_core.model import VLBertConfig, VLBertModel, build_input_sequence, collate_samples, load_tokenizer
 from vlbert_core.model.bert_init import read_bert_config
 from vlbert_core.model.config import RELEASED_OPTION_KEYS, bert_fields_from_hf_config, visual_pixel_format
+from vlbert_core.optim import OptimizerSettings, build_optimizer, build_scheduler, warmup_linear_decay
 from vlbert_core.utils import atomic_path, get_logger, seed_everything
 
 from .data import (
@@ -66,13 +67,6 @@ def _require(cfg: Mapping[str, Any], keys: tuple[str, ...], section: str) -> Non
         raise KeyError(f"config section '{section}' lacks keys {missing}")
 
 
-def lr_factor(step: int, total_steps: int, warmup_steps: int) -> float:
-    """Multiplier of the peak lr for 0-based optimiser step `step`: linear warm-up, then linear decay to 0."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
-
-
 def build_vlbert_config(model_cfg: Mapping[str, Any], detector_meta: Mapping[str, Any], *, tune_frcnn: bool) -> VLBertConfig:
     """VLBertConfig from the config's `model:` section, the BERT checkpoint and the detector checkpoint."""
     _require(model_cfg, MODEL_KEYS, "model")
@@ -96,14 +90,6 @@ def build_vlbert_config(model_cfg: Mapping[str, Any], detector_meta: Mapping[str
         standardise_appearance=bool(model_cfg.get("standardise_appearance", False)),
         **{k: model_cfg[k] for k in RELEASED_OPTION_KEYS if model_cfg.get(k) is not None},
     )
-
-
-def parameter_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
-    for _, p in module.named_parameters():
-        if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def _init_distributed(device: str) -> tuple[int, int, torch.device]:
@@ -300,9 +286,10 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
     global_batch = batches.samples_per_batch * world_size
     peak_lr = float(pretrain_cfg["lr_per_sample"]) * global_batch
     # The fused kernel (CPU and CUDA) makes the update of the 30k x hidden word-embedding matrix cheap.
-    optimizer = torch.optim.AdamW(parameter_groups(module, float(pretrain_cfg["weight_decay"])), lr=peak_lr,
-                                  betas=ADAM_BETAS, eps=ADAM_EPS, fused=dev.type in ("cpu", "cuda"))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, warmup))
+    optimizer = build_optimizer(module, OptimizerSettings(
+        "adamw", lr=peak_lr, weight_decay=float(pretrain_cfg["weight_decay"]), betas=ADAM_BETAS, eps=ADAM_EPS,
+        fused=dev.type in ("cpu", "cuda")))
+    scheduler = build_scheduler(optimizer, lambda s: warmup_linear_decay(s, steps, warmup))
     trainable = [p for p in module.parameters() if p.requires_grad]
 
     fingerprint = _fingerprint(setting=spec.to_dict(), seed=seed, world_size=world_size, model=dict(model_cfg),

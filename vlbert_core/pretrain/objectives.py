@@ -65,9 +65,9 @@ class VLBertForPretraining(nn.Module):
     def forward(self, batch: PretrainBatch, normalisers: torch.Tensor | None = None,
                 roi_features: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """`normalisers`: Float [len(TASK_NAMES)] (see the class); `roi_features`: precomputed visual network
-        output for frozen settings (see VLBertModel.forward)."""
+        output for frozen settings (see VLBertModel.encode)."""
         inputs = batch.inputs
-        hidden = self.model(inputs, roi_features=roi_features).sequence_output
+        hidden = self.model.encode(inputs, roi_features=roi_features).sequence_output
         targets = _targets(batch)
         if normalisers is None:
             normalisers = target_counts(batch)

@@ -19,12 +19,12 @@ from vlbert_core.report import plots
 from vlbert_core.report.html import esc, html_table, markdown_to_html
 from vlbert_core.report.inputs import (
     LossCurves,
-    ShardAccounting,
+    ShardStats,
     finetune_job,
     pretrain_setting,
     read_benchmarks,
     read_loss_curves,
-    read_roi_counts,
+    count_rois,
     read_shard_stats,
     status_order,
     summarise_benchmarks,
@@ -130,7 +130,7 @@ def finetune_section(curves: dict[tuple[str, str, str], LossCurves], plot_paths:
     ])
 
 
-def downloads_section(shards: list[ShardAccounting], plot_paths: dict[str, Path], html_dir: Path) -> str:
+def downloads_section(shards: list[ShardStats], plot_paths: dict[str, Path], html_dir: Path) -> str:
     plots.plot_downloads(shards, plot_paths["downloads"])
     statuses = status_order(shards)
     rows = []
@@ -156,7 +156,7 @@ def downloads_section(shards: list[ShardAccounting], plot_paths: dict[str, Path]
 
 def rois_section(roi_paths: list[Path], plot_paths: dict[str, Path], html_dir: Path,
                  rois_cfg: dict) -> str:
-    counts = read_roi_counts(roi_paths)
+    counts = count_rois(roi_paths)
     plots.plot_rois_per_image(counts, plot_paths["rois_per_image"], rois_cfg.get("min_boxes"),
                               rois_cfg.get("max_boxes"))
     n = counts.num_boxes

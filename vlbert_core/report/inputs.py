@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
-OK = "ok"  # the accounting status of a row that produced an image (vlbert_core.data.status.OK)
+from vlbert_core.data.status import OK
+from vlbert_core.rois import read_rois
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -92,7 +92,7 @@ def finetune_job(path: str | Path) -> tuple[str, str, str]:
 
 
 @dataclass
-class ShardAccounting:
+class ShardStats:
     """One CC shard's download outcome: rows read from the TSV and how many ended in each status."""
 
     label: str  # "{split}-{shard:05d}"
@@ -101,7 +101,7 @@ class ShardAccounting:
     counts: dict[str, int]
 
 
-def read_shard_stats(path: str | Path) -> ShardAccounting:
+def read_shard_stats(path: str | Path) -> ShardStats:
     """A `results/shards/cc/{split}-{shard}.stats.json`; its status counts must add up to rows_in."""
     path = Path(path)
     try:
@@ -115,11 +115,11 @@ def read_shard_stats(path: str | Path) -> ShardAccounting:
     if sum(counts.values()) != int(stats["rows_in"]):
         raise ValueError(f"{path}: the status counts add up to {sum(counts.values())}, "
                          f"but rows_in is {stats['rows_in']}")
-    return ShardAccounting(label=f"{stats['split']}-{int(stats['shard']):05d}", path=path,
+    return ShardStats(label=f"{stats['split']}-{int(stats['shard']):05d}", path=path,
                            rows_in=int(stats["rows_in"]), counts=counts)
 
 
-def status_order(shards: list[ShardAccounting]) -> list[str]:
+def status_order(shards: list[ShardStats]) -> list[str]:
     """`ok` first, then the failure kinds that occurred, most frequent first."""
     totals: dict[str, int] = {}
     for shard in shards:
@@ -138,21 +138,15 @@ class RoiCounts:
     files: list[Path]
 
 
-def read_roi_counts(paths: list[str | Path]) -> RoiCounts:
-    """`num_boxes` of every ok row of the RoI parquets (only the two columns needed are read)."""
+def count_rois(paths: list[str | Path]) -> RoiCounts:
+    """`num_boxes` of every ok row of the RoI parquets, and the other rows per status (no arrays are read)."""
     counts, not_ok = [], {}
     for path in paths:
-        schema = pq.read_schema(path)
-        missing = [c for c in ("status", "num_boxes") if c not in schema.names]
-        if missing:
-            raise ValueError(f"{path}: not a RoI parquet, missing columns {missing}")
-        table = pq.read_table(path, columns=["status", "num_boxes"])
-        status = np.asarray(table.column("status").to_pylist(), dtype=object)
-        num_boxes = table.column("num_boxes").to_numpy()
-        ok = status == OK
-        counts.append(num_boxes[ok].astype(np.int64))
-        for name in status[~ok]:
-            not_ok[name] = not_ok.get(name, 0) + 1
+        records = read_rois(path, arrays=False).values()
+        counts.append(np.array([r.num_boxes for r in records if r.ok], dtype=np.int64))
+        for record in records:
+            if not record.ok:
+                not_ok[record.status] = not_ok.get(record.status, 0) + 1
     all_counts = np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64)
     return RoiCounts(num_boxes=all_counts, not_ok=dict(sorted(not_ok.items())), files=[Path(p) for p in paths])
 

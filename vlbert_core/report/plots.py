@@ -13,7 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from vlbert_core.report.inputs import LossCurves, RoiCounts, RuleTimings, ShardAccounting, status_order  # noqa: E402
+from vlbert_core.data.status import OK  # noqa: E402
+from vlbert_core.report.inputs import LossCurves, RoiCounts, RuleTimings, ShardStats, status_order  # noqa: E402
 from vlbert_core.utils import atomic_path  # noqa: E402
 
 DPI = 100
@@ -96,7 +97,7 @@ def plot_finetune_losses(curves: dict[tuple[str, str, str], LossCurves], path: s
     _save(fig, path)
 
 
-def plot_downloads(shards: list[ShardAccounting], path: str | Path) -> None:
+def plot_downloads(shards: list[ShardStats], path: str | Path) -> None:
     """A stacked bar per CC shard: rows that became images (ok) and each failure kind."""
     statuses = status_order(shards)
     fig, ax = plt.subplots(figsize=(max(6.5, 0.6 * len(shards) + 4), 3.6), layout="constrained")
@@ -104,7 +105,7 @@ def plot_downloads(shards: list[ShardAccounting], path: str | Path) -> None:
     bottom = np.zeros(len(shards))
     for i, status in enumerate(statuses):
         counts = np.array([shard.counts.get(status, 0) for shard in shards], dtype=float)
-        ax.bar(x, counts, bottom=bottom, label=status, color="tab:green" if status == "ok" else plt.cm.tab10(i % 10))
+        ax.bar(x, counts, bottom=bottom, label=status, color="tab:green" if status == OK else plt.cm.tab10(i % 10))
         bottom += counts
     ax.set_xticks(x, [shard.label for shard in shards], rotation=45 if len(shards) > 6 else 0, ha="right"
                   if len(shards) > 6 else "center")

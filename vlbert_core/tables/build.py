@@ -54,6 +54,7 @@ class Column:
     eval_task: str | None
     eval_split: str | None
     not_run_reason: str = ""
+    split_label: str | None = None  # how the `_split` cell names the eval's split (None: as the eval JSON does)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,20 @@ class TableSpec:
     settings: list[str] = field(default_factory=list)  # measured settings; empty → from config
     # a last row for the released model (pretrain.init_from) when the config has one; it has no paper row
     released_row: bool = False
+    # the pre-training switches of each row's setting (SWITCH_COLUMNS) beside its numbers
+    switch_columns: bool = False
+    # Markdown: one line per setting with `paper / ours` in each cell, instead of one line per CSV row
+    markdown_paper_and_ours: bool = False
+
+    def measured_settings(self, config_settings: list[str], released: bool) -> list[str]:
+        """The settings whose eval JSONs this table reads: its own (else the config's), plus the
+        released model's when the table has its row and the config has one."""
+        settings = list(self.settings or config_settings)
+        return settings + ([RELEASED_SETTING] if self.released_row and released else [])
+
+    def eval_targets(self) -> list[tuple[str, str]]:
+        """(eval task, split) of every measured column."""
+        return [(col.eval_task, col.eval_split) for col in self.columns if col.eval_task is not None]
 
 
 NO_TEST_LABELS = "not run: test labels are held by the evaluation server"
@@ -92,7 +107,7 @@ TABLE_SPECS = {
         "table2_vqa",
         "Table 2: VQA v2 accuracy (%)",
         [
-            Column("test_dev", "test-dev", "vqa", "val"),
+            Column("test_dev", "test-dev", "vqa", "val", split_label=VQA_HELD_OUT),
             Column("test_std", "test-std", None, None, NO_TEST_LABELS),
         ],
         schedule="full",
@@ -122,11 +137,13 @@ TABLE_SPECS = {
         [
             Column("vcr_q2a_val", "VCR Q→A val", "vcr_q2a", "val"),
             Column("vcr_qa2r_val", "VCR QA→R val", "vcr_qa2r", "val"),
-            Column("vqa_test_dev", "VQA test-dev", "vqa", "val"),
+            Column("vqa_test_dev", "VQA test-dev", "vqa", "val", split_label=VQA_HELD_OUT),
             Column("refcoco_det_val", "RefCOCO+ detected val", "refcoco_det", "val"),
         ],
         schedule="half",
         decimals=1,
+        switch_columns=True,
+        markdown_paper_and_ours=True,
     ),
 }
 
@@ -162,7 +179,7 @@ def read_eval(path: Path) -> dict:
 
 def table_header(spec: TableSpec) -> list[str]:
     header = ["source", "model", "setting", "schedule", "dataset"]
-    if spec.name == "table4_ablation":
+    if spec.switch_columns:
         header += SWITCH_COLUMNS
     for col in spec.columns:
         header += [col.name, f"{col.name}_paper"]
@@ -209,7 +226,7 @@ def build_table(
 
     def reported_row(model: str, setting: str) -> dict:
         row = {"source": "reported", "model": model, "setting": setting, "schedule": "", "dataset": "real"}
-        if spec.name == "table4_ablation":
+        if spec.switch_columns:
             row.update(_switch_cells(setting))
         for r in reported:
             if r["model"] == model:
@@ -226,7 +243,7 @@ def build_table(
             "schedule": spec.schedule,
             "dataset": dataset,
         }
-        if spec.name == "table4_ablation":
+        if spec.switch_columns:
             row.update(_switch_cells(setting))
         for col in spec.columns:
             if paper_row is not None and col.name in paper_row:
@@ -242,10 +259,7 @@ def build_table(
             path = eval_json_path(results_dir, col.eval_task, setting, spec.schedule, col.eval_split)
             record = read_eval(path)
             row[col.name] = float(record["value"])
-            split = record["split"]
-            if col.eval_task == "vqa":
-                split = VQA_HELD_OUT
-            row[f"{col.name}_split"] = split
+            row[f"{col.name}_split"] = col.split_label or record["split"]
             row[f"{col.name}_examples"] = int(record["num_examples"])
             row[f"{col.name}_eval"] = str(path)
         row["note"] = "; ".join(notes)
@@ -295,15 +309,17 @@ def markdown_table(spec: TableSpec, rows: list[dict], dataset: str) -> str:
     def fmt(value) -> str:
         return format_number(value, spec.decimals)
 
-    if spec.name == "table4_ablation":
-        header = ["setting"] + SWITCH_TITLES + [f"{c.title} (paper / ours)" for c in spec.columns]
+    if spec.markdown_paper_and_ours:
+        switch_titles = SWITCH_TITLES if spec.switch_columns else []
+        header = ["setting"] + switch_titles + [f"{c.title} (paper / ours)" for c in spec.columns]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         by_setting: dict[str, dict[str, dict]] = {}
         for row in rows:
             by_setting.setdefault(row["setting"], {})[row["source"]] = row
         for setting, pair in by_setting.items():
             paper, ours = pair.get("reported", {}), pair.get("measured", {})
-            cells = [SETTING_NAMES[setting]] + [_switch_cells(setting)[s] for s in SWITCH_COLUMNS]
+            switches = _switch_cells(setting) if spec.switch_columns else {}
+            cells = [SETTING_NAMES[setting]] + [switches[s] for s in SWITCH_COLUMNS if s in switches]
             cells += [f"{fmt(paper.get(c.name))} / {fmt(ours.get(c.name))}" for c in spec.columns]
             lines.append("| " + " | ".join(cells) + " |")
     else:

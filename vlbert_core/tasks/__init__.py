@@ -1,14 +1,14 @@
 """Fine-tuning tasks of VL-BERT: VCR (Q->A, QA->R), VQA v2 and RefCOCO+.
 
 Modules:
+- `base`: the `Task` class, what every task defines; `registry`: task names -> task classes.
+- `vqa`, `vcr`, `refcoco`: one module per task: the loaders of the official files, answer/text
+  handling, the official metrics, and the task's `Task` class (torch-free at import, so
+  `workflow/scripts/vcr_q2ar.py` and the scoring can use them without torch).
 - `common`: task image loading/resizing and the task RoI parquet reader (torch-free).
-- `vqa`, `vcr`, `refcoco`: loaders of the official files, answer/text handling and the official
-  metrics (torch-free, so `workflow/scripts/vcr_q2ar.py` can use them without torch).
 - `samples`: turns loaded records into model-ready samples and batches (torch).
 - `heads`: the task heads and their losses.
-- `finetune`: one training loop for all tasks; `evaluate`: prediction and official metrics.
+- `finetune`: one training loop for all tasks; `evaluate`: prediction; `scoring`: the metrics.
 
 This package's `__init__` imports nothing heavy on purpose.
 """
-
-TASKS = ("vcr_q2a", "vcr_qa2r", "vqa", "refcoco")

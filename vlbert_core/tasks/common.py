@@ -42,12 +42,12 @@ def scale_boxes(boxes: np.ndarray, scale: float) -> np.ndarray:
 
 
 def rois_for_key(records: dict, key: str, source: str | os.PathLike):
-    """The usable record (from `vlbert_core.detector.extract.read_rois`) of one image, or an error
+    """The usable record (from `vlbert_core.rois.read_rois`) of one image, or an error
     naming the RoI file, the key and the problem."""
     record = records.get(key)
     if record is None:
         raise KeyError(f"RoI parquet {source} has no row for image key {key!r}")
-    if record.status != "ok":
+    if not record.ok:
         raise ValueError(f"RoI parquet {source}: image {key!r} has status {record.status!r} "
                          f"({record.error}); its detected RoIs are needed for this task")
     return record

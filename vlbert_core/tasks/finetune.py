@@ -19,6 +19,7 @@ import math
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -28,29 +29,17 @@ from tqdm import tqdm
 
 from vlbert_core.model import VLBertConfig, VLBertModel, VLBertOutput, load_tokenizer
 from vlbert_core.model.config import visual_pixel_format
-from vlbert_core.utils import atomic_path, get_logger, seed_everything
+from vlbert_core.optim import (OptimizerSettings, build_optimizer, build_scheduler, warmup_linear_decay,
+                               warmup_step_decay)
+from vlbert_core.utils import atomic_path, get_logger, load_safetensors, save_safetensors, seed_everything
 
-from . import TASKS
-from . import vcr as vcr_lib
-from .heads.refcoco import RefCOCOHead
-from .heads.vcr import VCRHead, VCRRoIClassifier
-from .heads.vqa import VQAHead
-from .refcoco import load_refcoco
-from .samples import (
-    ConcatData,
-    ImageLoader,
-    RefcocoSamples,
-    Tokens,
-    VcrData,
-    VqaData,
-    iterate_batches,
-)
-from .vqa import build_answer_vocab, load_vqa
+from . import heads  # noqa: F401  (the task heads: see tasks.base.model_side)
+from .base import Task
+from .registry import get_task
+from .samples import ImageLoader, Tokens, iterate_batches
 
 log = get_logger(__name__)
 
-FINETUNE_TASKS = TASKS
-TRAIN_SPLIT = "train"
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 # Defaults of the optional hyper-parameters; config/schema.yaml fills the same values.
@@ -58,13 +47,11 @@ HPARAM_DEFAULTS = {"momentum": 0.9, "lr_steps": [], "warmup_steps": 0, "clip_gra
                    "weight_decay": 0.0001, "aux_roi_loss_weight": 0.5, "max_text_len": 64,
                    "max_examples": None}
 REQUIRED_HPARAMS = ("epochs", "batch_size", "lr", "optimizer")
-SGD_STEP_FACTOR = 0.1
 
 
 def resolve_hparams(task: str, hparams: Mapping[str, Any]) -> dict:
-    missing = [k for k in REQUIRED_HPARAMS if k not in hparams]
-    if task == "vqa" and "num_answers" not in hparams:
-        missing.append("num_answers")
+    required = (*REQUIRED_HPARAMS, *get_task(task).required_hparams)
+    missing = [k for k in required if k not in hparams]
     if missing:
         raise KeyError(f"finetune.{task} lacks keys {missing}")
     resolved = {**HPARAM_DEFAULTS, **dict(hparams)}
@@ -74,22 +61,9 @@ def resolve_hparams(task: str, hparams: Mapping[str, Any]) -> dict:
     return resolved
 
 
-def vcr_mode(task: str) -> str:
-    return {"vcr_q2a": "q2a", "vcr_qa2r": "qa2r"}[task]
-
-
 # ---- the model: VL-BERT + task head --------------------------------------------------------------
 
 FEATURE_CACHE_MB = 1024  # bound of the frozen RoI-feature cache (LRU), per process
-
-
-def encode_with_features(vlbert: VLBertModel, batch, roi_features: torch.Tensor) -> VLBertOutput:
-    """The part of VLBertModel.forward after the visual network, given the RoI features."""
-    embedded = vlbert.embeddings(batch.input_ids, batch.element_kind, batch.segment_ids,
-                                 batch.position_ids, batch.roi_index, batch.has_image, batch.boxes,
-                                 roi_features, batch.roi_masked)
-    return VLBertOutput(sequence_output=vlbert.encoder(embedded, batch.attention_mask),
-                        roi_features=roi_features)
 
 
 def forward_shared_images(vlbert: VLBertModel, batch, group: int) -> VLBertOutput:
@@ -98,14 +72,7 @@ def forward_shared_images(vlbert: VLBertModel, batch, group: int) -> VLBertOutpu
     The visual network runs once per image and its RoI features are repeated for the rows of
     the group (the four VCR candidates), instead of running the CNN four times.
     """
-    if group == 1:
-        return vlbert(batch)
-    if batch.batch_size % group:
-        raise ValueError(f"batch of {batch.batch_size} rows is not made of groups of {group}")
-    masked = None if batch.roi_masked is None else batch.roi_masked[::group]
-    features = vlbert.visual_network(batch.images[::group], batch.boxes[::group],
-                                     batch.box_valid[::group], masked)
-    return encode_with_features(vlbert, batch, features.repeat_interleave(group, dim=0))
+    return vlbert.encode(batch, rows_per_image=group)
 
 
 class FrozenRoIFeatureCache:
@@ -180,108 +147,39 @@ class FinetuneModel(nn.Module):
 
     def __init__(self, task: str, vlbert: VLBertModel, meta: Mapping[str, Any]):
         super().__init__()
-        if task not in FINETUNE_TASKS:
-            raise ValueError(f"unknown fine-tuning task {task!r} (expected one of {FINETUNE_TASKS})")
-        self.task = task
+        self.task: Task = get_task(task)
+        self.meta = dict(meta)
         self.vlbert = vlbert
         cfg = vlbert.config
         # plain attribute, not a submodule: the cache holds no parameters of its own
         self.feature_cache = (None if cfg.tune_frcnn
                               else FrozenRoIFeatureCache(vlbert.visual_network, cfg.appearance_dim))
-        dropout = cfg.hidden_dropout_prob
-        self.roi_classifier = None
-        layout = cfg.task_heads
-        if task == "vqa":
-            self.head = VQAHead(cfg.hidden_size, len(meta["answers"]), meta["mask_id"], dropout,
-                                cfg.layer_norm_eps, layout=layout)
-        elif task.startswith("vcr"):
-            self.head = VCRHead(cfg.hidden_size, dropout, layout=layout)
-            self.roi_classifier = VCRRoIClassifier(cfg.hidden_size, len(meta["object_names"]), dropout,
-                                                   layout=layout)
-            self.aux_weight = float(meta["aux_roi_loss_weight"])
-        else:
-            self.head = RefCOCOHead(cfg.hidden_size, dropout, layout=layout)
+        heads = self.task.build_heads(cfg, meta)
+        self.head, self.roi_classifier = heads.head, heads.roi_classifier
 
     def encode(self, batch, extras: Mapping[str, Any] | None = None) -> VLBertOutput:
         """VL-BERT outputs; the frozen visual network's features come from the cache."""
         if self.feature_cache is not None and extras is not None and "image_keys" in extras:
             features = self.feature_cache.features(batch, extras["image_keys"])
-            return encode_with_features(self.vlbert, batch, features)
-        group = vcr_lib.NUM_CANDIDATES if self.task.startswith("vcr") else 1
-        return forward_shared_images(self.vlbert, batch, group)
+            return self.vlbert.encode(batch, roi_features=features)
+        return forward_shared_images(self.vlbert, batch, self.task.rows_per_image)
 
     def scores(self, batch, extras: Mapping[str, Any] | None = None) -> dict[str, torch.Tensor]:
-        output = self.encode(batch, extras)
-        if self.task.startswith("vcr"):
-            result = {"scores": self.head(output, batch, vcr_lib.NUM_CANDIDATES)}
-            if self.training:
-                result["roi_logits"] = self.roi_classifier(output, batch)
-            return result
-        return {"logits": self.head(output, batch)}
+        return self.task.scores(self, self.encode(batch, extras), batch)
 
     def loss(self, batch, extras: Mapping[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
-        out = self.scores(batch, extras)
-        if self.task == "vqa":
-            loss = self.head.loss(out["logits"], extras["target"])
-            best = out["logits"].argmax(dim=1)
-            score = extras["target"].gather(1, best[:, None]).mean()
-            return loss, {"vqa_score": score.item()}
-        if self.task.startswith("vcr"):
-            answer_loss = VCRHead.loss(out["scores"], extras["label"])
-            roi_loss = VCRRoIClassifier.loss(out["roi_logits"], extras["box_classes"])
-            accuracy = (out["scores"].argmax(dim=1) == extras["label"]).float().mean()
-            return (answer_loss + self.aux_weight * roi_loss,
-                    {"answer_loss": answer_loss.item(), "roi_cls_loss": roi_loss.item(),
-                     "accuracy": accuracy.item()})
-        loss = RefCOCOHead.loss(out["logits"], extras["labels"], extras["candidate"])
-        chosen = RefCOCOHead.predict(out["logits"], extras["candidate"])
-        hit = extras["labels"].gather(1, chosen[:, None]).mean()
-        return loss, {"chosen_positive": hit.item()}
+        """(loss, statistics) of one training batch."""
+        result = self.task.loss(self, self.scores(batch, extras), extras, self.meta)
+        return result.loss, result.stats
 
 
 # ---- data ----------------------------------------------------------------------------------------
-
-def _split_path(template: str, split: str) -> str:
-    return str(template).format(split=split)
-
-
-def build_task_data(task: str, split: str, *, sources: Mapping[str, str], tokens: Tokens,
-                    images: ImageLoader, max_rois: int, max_text_len: int, rois: dict | None,
-                    rois_source: str, answers: list[str] | None = None,
-                    object_names: list[str] | None = None, tracks: tuple[str, ...] = ("gt", "det"),
-                    max_examples: int | None = None, with_targets: bool = True):
-    """The `*Data` of one task and split (for RefCOCO+: one per track, concatenated)."""
-    if task == "vqa":
-        questions = load_vqa(_split_path(sources["questions"], split),
-                             _split_path(sources["annotations"], split) if with_targets else None)
-        questions = questions[:max_examples] if max_examples else questions
-        images_dir = Path(_split_path(sources["images"], split))
-        return VqaData([(q, images_dir / f"{q.image_key}.jpg") for q in questions], rois or {},
-                       rois_source, tokens, answers if with_targets else None,
-                       max_rois=max_rois, max_text_len=max_text_len, images=images)
-    if task.startswith("vcr"):
-        items = vcr_lib.load_vcr(_split_path(sources["annotations"], split))
-        items = items[:max_examples] if max_examples else items
-        return VcrData(items, vcr_mode(task), sources["images"], tokens, object_names or [],
-                       max_rois=max_rois, max_text_len=max_text_len, images=images,
-                       with_labels=with_targets)
-    if task == "refcoco":
-        data = load_refcoco(sources["refs"], sources["instances"], split)
-        if max_examples:
-            data.expressions = data.expressions[:max_examples]
-        parts = [RefcocoSamples(data, track, sources["images"], tokens, max_rois=max_rois,
-                                max_text_len=max_text_len, images=images,
-                                rois=rois if track == "det" else None, rois_source=rois_source)
-                 for track in tracks]
-        return parts[0] if len(parts) == 1 else ConcatData(parts)
-    raise ValueError(f"unknown fine-tuning task {task!r}")
-
 
 def read_task_rois(paths: list[str | os.PathLike]) -> tuple[dict, str]:
     """All records of the given task RoI parquets, merged by image key."""
     if not paths:
         return {}, ""
-    from vlbert_core.detector.extract import read_rois
+    from vlbert_core.rois import read_rois
 
     merged: dict = {}
     for path in paths:
@@ -291,29 +189,19 @@ def read_task_rois(paths: list[str | os.PathLike]) -> tuple[dict, str]:
 
 # ---- optimisation --------------------------------------------------------------------------------
 
-def build_optimizer(model: nn.Module, hp: Mapping[str, Any]) -> torch.optim.Optimizer:
-    """Weight decay on weight matrices only (not on biases, LayerNorm or learned vectors)."""
-    decay, no_decay = [], []
-    for _, p in model.named_parameters():
-        if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": float(hp["weight_decay"])},
-              {"params": no_decay, "weight_decay": 0.0}]
-    # the fused kernels update the 30k x hidden word embeddings ~10x faster on CPU
-    if hp["optimizer"] == "adamw":
-        return torch.optim.AdamW(groups, lr=float(hp["lr"]), fused=True)
-    return torch.optim.SGD(groups, lr=float(hp["lr"]), momentum=float(hp["momentum"]), fused=True)
+def optimizer_settings(hp: Mapping[str, Any]) -> OptimizerSettings:
+    """Weight decay on weight matrices only; the fused kernels update the 30k x hidden word embeddings
+    ~10x faster on CPU."""
+    return OptimizerSettings(hp["optimizer"], lr=float(hp["lr"]), weight_decay=float(hp["weight_decay"]),
+                             momentum=float(hp["momentum"]), fused=True)
 
 
-def learning_rate(step: int, *, base_lr: float, warmup_steps: int, total_steps: int,
-                  optimizer: str, decay_steps: list[int]) -> float:
-    """LR of 0-based `step`: linear warm-up, then linear decay to 0 (adamw) or x0.1 at each of
-    `decay_steps` (sgd)."""
-    if step < warmup_steps:
-        return base_lr * (step + 1) / warmup_steps
-    if optimizer == "sgd":
-        return base_lr * SGD_STEP_FACTOR ** sum(1 for s in decay_steps if step >= s)
-    return base_lr * max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+def lr_schedule(hp: Mapping[str, Any], plan: Mapping[str, Any]) -> Callable[[int], float]:
+    """The lr multiplier of each step: linear warm-up, then linear decay to 0 (adamw) or x0.1 at each
+    of the plan's decay steps (sgd)."""
+    if hp["optimizer"] == "sgd":
+        return lambda s: warmup_step_decay(s, plan["warmup_steps"], plan["decay_steps"])
+    return lambda s: warmup_linear_decay(s, plan["total_steps"], plan["warmup_steps"])
 
 
 def schedule_steps(num_examples: int, hp: Mapping[str, Any], schedule_factor: float) -> dict:
@@ -343,8 +231,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
              tune_frcnn: bool, model_cfg: Mapping[str, Any], sources: Mapping[str, str],
              rois_paths: list[str] | tuple = (), seed: int = 0, device: str = "cpu") -> dict:
     """Fine-tune the pre-trained model in `pretrained_dir` on `task`; returns the task meta."""
-    if task not in FINETUNE_TASKS:
-        raise ValueError(f"unknown fine-tuning task {task!r} (expected one of {FINETUNE_TASKS})")
+    task_def = get_task(task)
     hp = resolve_hparams(task, hparams)
     out_dir = Path(out_dir)
     seed_everything(seed)
@@ -372,24 +259,14 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
     common = dict(sources=sources, tokens=tokens, images=images, max_rois=max_rois,
                   max_text_len=max_text_len, rois=rois, rois_source=rois_source,
                   max_examples=hp["max_examples"])
-    if task == "vqa":
-        train_questions = load_vqa(_split_path(sources["questions"], TRAIN_SPLIT),
-                                   _split_path(sources["annotations"], TRAIN_SPLIT))
-        meta["answers"] = build_answer_vocab(train_questions, int(hp["num_answers"]))
-        data = build_task_data(task, TRAIN_SPLIT, answers=meta["answers"], **common)
-    elif task.startswith("vcr"):
-        items = vcr_lib.load_vcr(_split_path(sources["annotations"], TRAIN_SPLIT))
-        meta["object_names"] = vcr_lib.build_object_vocab(items)
-        meta["aux_roi_loss_weight"] = float(hp["aux_roi_loss_weight"])
-        data = build_task_data(task, TRAIN_SPLIT, object_names=meta["object_names"], **common)
-    else:
-        # each training expression appears once with GT boxes and once with detected boxes
-        data = build_task_data(task, TRAIN_SPLIT, tracks=("gt", "det"), **common)
+    task_def.prepare(meta, hp, sources)
+    data = task_def.build_data(task_def.train_split, meta, **common)
 
     model = FinetuneModel(task, vlbert, meta).to(device)
     model.train()
-    optimizer = build_optimizer(model, hp)
+    optimizer = build_optimizer(model, optimizer_settings(hp))
     plan = schedule_steps(len(data), hp, schedule_factor)
+    scheduler = build_scheduler(optimizer, lr_schedule(hp, plan))
     meta.update(num_train_examples=len(data), **plan)
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log.info("fine-tuning %s (setting %s, schedule %s x%.2f): %d examples, %d steps of %d, "
@@ -408,11 +285,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
             epoch, (_, batch, extras) = next(stream)
             batch = batch.to(device)
             extras = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in extras.items()}
-            lr = learning_rate(step, base_lr=float(hp["lr"]), warmup_steps=plan["warmup_steps"],
-                               total_steps=plan["total_steps"], optimizer=hp["optimizer"],
-                               decay_steps=plan["decay_steps"])
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            lr = scheduler.get_last_lr()[0]
             loss, stats = model.loss(batch, extras)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"fine-tuning {task}: loss is {float(loss)} at step {step}")
@@ -421,6 +294,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
             grad_norm = nn.utils.clip_grad_norm_(
                 [p for p in model.parameters() if p.requires_grad], float(hp["clip_grad"]))
             optimizer.step()
+            scheduler.step()
             row = {"step": step + 1, "epoch": epoch, "loss": loss.item(), "lr": lr,
                    "grad_norm": float(grad_norm), **stats,
                    "elapsed_s": round(time.perf_counter() - start, 3)}
@@ -434,21 +308,15 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
         if model.feature_cache is not None:
             log.info("frozen RoI features: computed for %d images, reused for %d rows",
                      model.feature_cache.misses, model.feature_cache.hits)
-        if task.startswith("vcr") and data.dropped_references:
-            log.info("%d object-reference word pieces pointed at boxes cut by max_rois=%d; they "
-                     "took the whole-image feature", data.dropped_references, max_rois)
+        task_def.log_training_data(data, meta)
         save_finetuned(model, meta, out_dir)
     log.info("fine-tuned %s in %.1f s -> %s", task, meta["train_seconds"], out_dir)
     return meta
 
 
 def save_finetuned(model: FinetuneModel, meta: Mapping[str, Any], out_dir: str | os.PathLike) -> None:
-    from safetensors.torch import save_file
-
     out_dir = Path(out_dir)
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    with atomic_path(out_dir / MODEL_FILE) as tmp:
-        save_file(state, str(tmp), metadata={"task": model.task})
+    save_safetensors(model.state_dict(), out_dir / MODEL_FILE, metadata={"task": model.task.name})
     payload = {"vlbert": model.vlbert.config.to_dict(), "task": dict(meta)}
     with atomic_path(out_dir / CONFIG_FILE) as tmp:
         tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
@@ -456,8 +324,6 @@ def save_finetuned(model: FinetuneModel, meta: Mapping[str, Any], out_dir: str |
 
 def load_finetuned(directory: str | os.PathLike) -> tuple[FinetuneModel, dict]:
     """(model in eval mode, task meta) of a fine-tune directory."""
-    from safetensors.torch import load_file
-
     directory = Path(directory)
     config_path, weights_path = directory / CONFIG_FILE, directory / MODEL_FILE
     for path in (config_path, weights_path):
@@ -469,7 +335,7 @@ def load_finetuned(directory: str | os.PathLike) -> tuple[FinetuneModel, dict]:
     meta = payload["task"]
     with torch.device("meta"):  # every tensor comes from the file: no random init to throw away
         model = FinetuneModel(meta["name"], VLBertModel(VLBertConfig.from_dict(payload["vlbert"])), meta)
-    missing, unexpected = model.load_state_dict(load_file(str(weights_path)), strict=False, assign=True)
+    missing, unexpected = model.load_state_dict(load_safetensors(weights_path), strict=False, assign=True)
     if missing or unexpected:
         raise ValueError(f"{weights_path} does not match {config_path}: missing {sorted(missing)[:8]}, "
                          f"unexpected {sorted(unexpected)[:8]}")

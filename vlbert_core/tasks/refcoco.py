@@ -21,6 +21,8 @@ import numpy as np
 from vlbert_core.utils import get_logger
 from vlbert_core.safe_pickle import UnsafePickleError, load_pickle
 
+from .base import Task, TaskHeads, TaskLoss, check_prediction_ids, model_side
+
 log = get_logger(__name__)
 
 SPLITS = ("train", "val", "testA", "testB")
@@ -220,3 +222,80 @@ def refcoco_accuracy(predicted_boxes: np.ndarray, gt_boxes: np.ndarray) -> tuple
                          f"and {len(gt)}")
     ious = np.array([box_iou(p, g)[0, 0] for p, g in zip(predicted, gt)])
     return 100.0 * float(np.sum(ious >= CORRECT_IOU)) / len(ious), ious
+
+
+def score_refcoco(rows: list[dict], refs_path: str, instances_path: str, split: str,
+                  where: str) -> tuple[float, list[dict]]:
+    """Accuracy at IoU >= 0.5 between the chosen box and the referred object's box."""
+    data = load_refcoco(refs_path, instances_path, split)
+    expressions = {(e.ref_id, e.sent_id): e for e in data.expressions}
+    check_prediction_ids([(r["ref_id"], r["sent_id"]) for r in rows], list(expressions),
+                         "(ref_id, sent_id)", where)
+    predicted = check_predicted_boxes([r.get("box") for r in rows], where)
+    gt = np.stack([expressions[(r["ref_id"], r["sent_id"])].gt_box for r in rows])
+    value, ious = refcoco_accuracy(predicted, gt)
+    scored = [{**r, "iou": round(float(iou), 4), "correct": bool(iou >= CORRECT_IOU)}
+              for r, iou in zip(rows, ious)]
+    return value, scored
+
+
+class RefcocoTask(Task):
+    """RefCOCO+: <Query, Image> -> one binary score per candidate box. Trained on both region
+    tracks (every expression once with the ground-truth boxes, once with the detected RoIs) and
+    evaluated on each: eval tasks `refcoco_gt` and `refcoco_det`.
+
+    Prediction rows: `{"ref_id", "sent_id", "image_id", "box"}`, the chosen box in original pixels.
+    """
+
+    name = "refcoco"
+    dataset = "refcoco"
+    eval_tasks = ("refcoco_gt", "refcoco_det")
+    metric = "accuracy@0.5"
+    eval_splits = ("val", "testA", "testB")
+    roi_dataset = "refcoco"
+    owned_modules = ("tasks/refcoco.py", "tasks/heads/refcoco.py")
+    TRACKS = {"refcoco_gt": "gt", "refcoco_det": "det"}
+
+    def build_data(self, split, meta, *, sources, tokens, images, max_rois, max_text_len, rois,
+                   rois_source, eval_task=None, max_examples=None):
+        ConcatData = model_side("samples", "ConcatData")
+        RefcocoSamples = model_side("samples", "RefcocoSamples")
+
+        data = load_refcoco(sources["refs"], sources["instances"], split)
+        if max_examples:
+            data.expressions = data.expressions[:max_examples]
+        tracks = tuple(self.TRACKS.values()) if eval_task is None else (self.TRACKS[eval_task],)
+        parts = [RefcocoSamples(data, track, sources["images"], tokens, max_rois=max_rois,
+                                max_text_len=max_text_len, images=images,
+                                rois=rois if track == "det" else None, rois_source=rois_source)
+                 for track in tracks]
+        return parts[0] if len(parts) == 1 else ConcatData(parts)
+
+    def roi_image_paths(self, split, sources):
+        return refcoco_image_paths(sources["refs"], sources["instances"], sources["images"], split)
+
+    def build_heads(self, config, meta):
+        RefCOCOHead = model_side("heads.refcoco", "RefCOCOHead")
+
+        return TaskHeads(RefCOCOHead(config.hidden_size, config.hidden_dropout_prob, layout=config.task_heads))
+
+    def loss(self, model, out, extras, meta):
+        RefCOCOHead = model_side("heads.refcoco", "RefCOCOHead")
+
+        loss = RefCOCOHead.loss(out["logits"], extras["labels"], extras["candidate"])
+        chosen = RefCOCOHead.predict(out["logits"], extras["candidate"])
+        hit = extras["labels"].gather(1, chosen[:, None]).mean()
+        return TaskLoss(loss, {"chosen_positive": hit.item()})
+
+    def prediction_rows(self, model, data, indices, out, extras, meta, eval_task):
+        rows = []
+        chosen = model.head.predict(out["logits"], extras["candidate"]).tolist()
+        for i, box_index in zip(indices, chosen):
+            expr = data.data.expressions[i]
+            box = data.candidates[expr.image_id][box_index - 1]  # box 0 is the whole image
+            rows.append({"ref_id": expr.ref_id, "sent_id": expr.sent_id, "image_id": expr.image_id,
+                         "box": [round(float(v), 2) for v in box]})
+        return rows
+
+    def score(self, eval_task, split, rows, sources, where):
+        return score_refcoco(rows, sources["refs"], sources["instances"], split, where)

@@ -22,6 +22,8 @@ import numpy as np
 
 from vlbert_core.utils import get_logger
 
+from .base import Task, TaskHeads, TaskLoss, check_prediction_ids, model_side, split_path
+
 log = get_logger(__name__)
 
 NUM_CANDIDATES = 4
@@ -326,3 +328,109 @@ def build_object_vocab(items: Sequence[VcrItem]) -> list[str]:
     if not names:
         raise ValueError("no VCR object names to build the RoI-classification vocabulary from")
     return names
+
+
+def score_vcr(rows: list[dict], jsonl_path: str, mode: str, where: str) -> tuple[float, list[dict]]:
+    """Accuracy over the 4 candidates; the label (of `mode`, q2a or qa2r) comes from the official
+    jsonl, not the predictions."""
+    items = {item.annot_id: item for item in load_vcr(jsonl_path)}
+    check_prediction_ids([r["annot_id"] for r in rows], list(items), "annot_id", where)
+    scored = []
+    for r in rows:
+        item = items[r["annot_id"]]
+        label = candidate_label(item, mode)
+        if label is None:
+            raise ValueError(f"{jsonl_path}: item {item.annot_id} has no label; cannot score VCR {mode}")
+        scored.append({**r, "label": int(label)})
+    correct = vcr_correct([r.get("prediction") for r in scored], [r["label"] for r in scored], where)
+    return vcr_accuracy(correct), scored
+
+
+class VcrTask(Task):
+    """VCR with the dataset's own boxes: four candidate sequences per question, a `[CLS]` score
+    each, plus the auxiliary RoI classification with linguistic clues. `mode` picks Q->A or QA->R.
+
+    Prediction rows: `{"annot_id", "prediction", "probabilities"}`.
+    """
+
+    mode: str
+    dataset = "vcr"
+    metric = "accuracy"
+    rows_per_image = NUM_CANDIDATES
+    owned_modules = ("tasks/vcr.py", "tasks/heads/vcr.py")
+
+    def prepare(self, meta, hparams, sources):
+        items = load_vcr(split_path(sources["annotations"], self.train_split))
+        meta["object_names"] = build_object_vocab(items)
+        meta["aux_roi_loss_weight"] = float(hparams["aux_roi_loss_weight"])
+
+    def build_data(self, split, meta, *, sources, tokens, images, max_rois, max_text_len, rois,
+                   rois_source, eval_task=None, max_examples=None):
+        VcrData = model_side("samples", "VcrData")
+
+        items = load_vcr(split_path(sources["annotations"], split))
+        items = items[:max_examples] if max_examples else items
+        return VcrData(items, self.mode, sources["images"], tokens, meta.get("object_names") or [],
+                       max_rois=max_rois, max_text_len=max_text_len, images=images)
+
+    def log_training_data(self, data, meta):
+        if data.dropped_references:
+            log.info("%d object-reference word pieces pointed at boxes cut by max_rois=%d; they "
+                     "took the whole-image feature", data.dropped_references, meta["max_rois"])
+
+    def build_heads(self, config, meta):
+        VCRHead = model_side("heads.vcr", "VCRHead")
+        VCRRoIClassifier = model_side("heads.vcr", "VCRRoIClassifier")
+
+        dropout, layout = config.hidden_dropout_prob, config.task_heads
+        return TaskHeads(VCRHead(config.hidden_size, dropout, layout=layout),
+                         VCRRoIClassifier(config.hidden_size, len(meta["object_names"]), dropout, layout=layout))
+
+    def scores(self, model, output, batch):
+        result = {"scores": model.head(output, batch, NUM_CANDIDATES)}
+        if model.training:
+            result["roi_logits"] = model.roi_classifier(output, batch)
+        return result
+
+    def loss(self, model, out, extras, meta):
+        VCRHead = model_side("heads.vcr", "VCRHead")
+        VCRRoIClassifier = model_side("heads.vcr", "VCRRoIClassifier")
+
+        answer_loss = VCRHead.loss(out["scores"], extras["label"])
+        roi_loss = VCRRoIClassifier.loss(out["roi_logits"], extras["box_classes"])
+        accuracy = (out["scores"].argmax(dim=1) == extras["label"]).float().mean()
+        return TaskLoss(answer_loss + float(meta["aux_roi_loss_weight"]) * roi_loss,
+                        {"answer_loss": answer_loss.item(), "roi_cls_loss": roi_loss.item(),
+                         "accuracy": accuracy.item()})
+
+    def prediction_rows(self, model, data, indices, out, extras, meta, eval_task):
+        import torch
+
+        rows = []
+        # the choice is the argmax of the scores, as the authors' code takes it (softmax can tie
+        # two scores that differ)
+        choices = out["scores"].argmax(dim=1).tolist()
+        probabilities = torch.softmax(out["scores"], dim=1)
+        for i, choice, probs in zip(indices, choices, probabilities):
+            rows.append({"annot_id": data.items[i].annot_id, "prediction": int(choice),
+                         "probabilities": [round(float(p), 6) for p in probs]})
+        return rows
+
+    def score(self, eval_task, split, rows, sources, where):
+        return score_vcr(rows, split_path(sources["annotations"], split), self.mode, where)
+
+
+class VcrQ2ATask(VcrTask):
+    """VCR Q->A: <Question, Answer candidate, Image>."""
+
+    name = "vcr_q2a"
+    mode = "q2a"
+    # Q->AR is right when both Q->A and QA->R are; workflow/scripts/vcr_q2ar.py scores it from both
+    derived_eval_tasks = ("vcr_q2ar",)
+
+
+class VcrQA2RTask(VcrTask):
+    """VCR QA->R: <Question + right Answer, Rationale candidate, Image>."""
+
+    name = "vcr_qa2r"
+    mode = "qa2r"

@@ -33,6 +33,8 @@ from typing import Sequence
 
 from vlbert_core.utils import get_logger
 
+from .base import Task, TaskHeads, TaskLoss, check_prediction_ids, model_side, split_path
+
 log = get_logger(__name__)
 
 CONTRACTIONS = {
@@ -408,3 +410,74 @@ def vqa_image_paths(questions_json: str | os.PathLike, images_dir: str | os.Path
         key = image_key(subtype, q["image_id"])
         paths[key] = Path(images_dir) / f"{key}.jpg"
     return paths
+
+
+def score_vqa(rows: list[dict], questions_path: str, annotations_path: str, where: str) -> tuple[float, list[dict]]:
+    """Official VQA accuracy (percent, rounded as the official code reports it) and the
+    predictions in the official results format, unchanged from the bundle's order."""
+    submission = vqa_submission(rows, where)
+    questions = load_vqa(questions_path, annotations_path)
+    check_prediction_ids([r["question_id"] for r in submission], [q.question_id for q in questions],
+                         "question_id", where)
+    answers = {r["question_id"]: r["answer"] for r in submission}
+    in_official_order = sorted(questions, key=lambda q: q.annotation_index)
+    accuracies = [vqa_accuracy(answers[q.question_id], q.answers) for q in in_official_order]
+    return vqa_overall_accuracy(accuracies), submission
+
+
+class VqaTask(Task):
+    """VQA v2: <Question, [MASK], Image> with detected RoIs -> one of `num_answers` answers.
+
+    Prediction rows are the official submission format `{"question_id", "answer"}`; VQA's val
+    stands in for test-dev.
+    """
+
+    name = "vqa"
+    dataset = "vqa"
+    metric = "vqa_accuracy"
+    roi_dataset = "vqa"
+    required_hparams = ("num_answers",)
+    owned_modules = ("tasks/vqa.py", "tasks/heads/vqa.py")
+
+    def prepare(self, meta, hparams, sources):
+        train_questions = load_vqa(split_path(sources["questions"], self.train_split),
+                                   split_path(sources["annotations"], self.train_split))
+        meta["answers"] = build_answer_vocab(train_questions, int(hparams["num_answers"]))
+
+    def build_data(self, split, meta, *, sources, tokens, images, max_rois, max_text_len, rois,
+                   rois_source, eval_task=None, max_examples=None):
+        VqaData = model_side("samples", "VqaData")
+
+        questions = load_vqa(split_path(sources["questions"], split), split_path(sources["annotations"], split))
+        questions = questions[:max_examples] if max_examples else questions
+        images_dir = Path(split_path(sources["images"], split))
+        return VqaData([(q, images_dir / f"{q.image_key}.jpg") for q in questions], rois or {},
+                       rois_source, tokens, meta.get("answers"), max_rois=max_rois,
+                       max_text_len=max_text_len, images=images)
+
+    def roi_image_paths(self, split, sources):
+        return vqa_image_paths(split_path(sources["questions"], split), split_path(sources["images"], split))
+
+    def build_heads(self, config, meta):
+        VQAHead = model_side("heads.vqa", "VQAHead")
+
+        return TaskHeads(VQAHead(config.hidden_size, len(meta["answers"]), meta["mask_id"],
+                                 config.hidden_dropout_prob, config.layer_norm_eps, layout=config.task_heads))
+
+    def loss(self, model, out, extras, meta):
+        loss = model.head.loss(out["logits"], extras["target"])
+        best = out["logits"].argmax(dim=1)
+        score = extras["target"].gather(1, best[:, None]).mean()
+        return TaskLoss(loss, {"vqa_score": score.item()})
+
+    def prediction_rows(self, model, data, indices, out, extras, meta, eval_task):
+        rows = []
+        best = out["logits"].argmax(dim=1).tolist()
+        for i, answer_index in zip(indices, best):
+            question, _ = data.questions[i]
+            rows.append({"question_id": question.question_id, "answer": meta["answers"][answer_index]})
+        return rows
+
+    def score(self, eval_task, split, rows, sources, where):
+        return score_vqa(rows, split_path(sources["questions"], split),
+                         split_path(sources["annotations"], split), where)

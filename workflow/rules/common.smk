@@ -1,4 +1,4 @@
-# Helpers shared by the rule modules: which files exist for this config, and the params each job
+# Helpers shared by the workflow modules: which files exist for this config, and the params each job
 # depends on. Keeping these in one place is what makes `params:` invalidate exactly the right jobs.
 
 import functools
@@ -9,6 +9,20 @@ import json
 from vlbert_core.fingerprint import code_fingerprint
 from vlbert_core.pretrain.launch import Launch
 from vlbert_core.pretrain.settings import RELEASED_SETTING
+from vlbert_core.tables import TABLE_SPECS
+
+# Every rule's software, for `--software-deployment-method conda` (relative to workflow/rules/).
+CONDA_ENV = "../../envs/vlbert.yaml"
+from vlbert_core.tasks.registry import (
+    dataset_splits,
+    eval_task_names,
+    get_task,
+    roi_datasets,
+    task_datasets,
+    task_names,
+    task_of_eval,
+    task_of_name,
+)
 
 
 @functools.cache  # called once per job while planning; the value depends on (script, task) only
@@ -31,29 +45,20 @@ def stable(section):
     return json.loads(json.dumps(section, sort_keys=True))
 
 
-# The Table 4 columns and the finetune/eval task behind each one.
-TABLE4_EVALS = {
-    "vcr_q2a": "val",
-    "vcr_qa2r": "val",
-    "vqa": "val",
-    "refcoco_det": "val",
-}
 # pretrain.init_from: a converted released VL-BERT (python -m vlbert_core.convert vl-bert). When set,
 # setting `released` fine-tunes it directly (no pretrain job) and Tables 1-3 carry its row.
 INIT_FROM = config["pretrain"].get("init_from")
 # Tables 1-3 compare "w/o pre-training" with the full model (and the released one) at the full schedule.
 PAPER_TABLE_SETTINGS = ["none", "full"] + ([RELEASED_SETTING] if INIT_FROM else [])
-FINETUNE_SETTINGS = list(config["pretrain"]["settings"]) + ([RELEASED_SETTING] if INIT_FROM else [])
-VQA_SPLITS = ["train", "val"]
-REFCOCO_SPLITS = ["train", "val", "testA", "testB"]
-REFCOCO_EVAL_SPLITS = ["val", "testA", "testB"]
-FINETUNE_TASKS = ["vcr_q2a", "vcr_qa2r", "vqa", "refcoco"]
-EVAL_TASKS = ["vcr_q2a", "vcr_qa2r", "vqa", "refcoco_gt", "refcoco_det"]
+FINETUNE_SETTINGS = list(config["pretrain"]["settings"]) + (
+    [RELEASED_SETTING] if INIT_FROM else []
+)
+# The tasks, their datasets and eval tasks: vlbert_core/tasks/registry.py.
+FINETUNE_TASKS = task_names()
+EVAL_TASKS = eval_task_names()
 
 TABLES = expand(
-    "results/tables/{table}.{ext}",
-    table=["table1_vcr", "table2_vqa", "table3_refcoco", "table4_ablation"],
-    ext=["csv", "md"],
+    "results/tables/{table}.{ext}", table=list(TABLE_SPECS), ext=["csv", "md"]
 )
 
 
@@ -77,7 +82,12 @@ def pretrain_resources():
     """
     launch = Launch.from_config(config["pretrain"].get("launch"))
     cuda = config["device"] == "cuda"
-    resources = {"mem_mb": 8000, "runtime": 600, "nodes": launch.nodes, "tasks_per_gpu": 0}
+    resources = {
+        "mem_mb": 8000,
+        "runtime": 600,
+        "nodes": launch.nodes,
+        "tasks_per_gpu": 0,
+    }
     if launch.nodes == 1:
         resources["gpu"] = launch.processes_per_node if cuda else 0
     else:
@@ -92,11 +102,17 @@ def cc_shard_ids(split):
 
 
 def cc_shards(split):
-    return expand("results/shards/cc/{split}-{shard}.tar", split=split, shard=cc_shard_ids(split))
+    return expand(
+        "results/shards/cc/{split}-{shard}.tar", split=split, shard=cc_shard_ids(split)
+    )
 
 
 def cc_roi_parquets(split):
-    return expand("results/rois/cc/{split}-{shard}.parquet", split=split, shard=cc_shard_ids(split))
+    return expand(
+        "results/rois/cc/{split}-{shard}.parquet",
+        split=split,
+        shard=cc_shard_ids(split),
+    )
 
 
 def text_shards(corpus):
@@ -127,19 +143,21 @@ def source_files(dataset, splits):
 
 
 def finetune_dataset(task):
-    return {"vcr_q2a": "vcr", "vcr_qa2r": "vcr", "vqa": "vqa", "refcoco": "refcoco"}[task]
+    return get_task(task).dataset
 
 
 def eval_to_finetune_task(eval_task):
-    return "refcoco" if eval_task.startswith("refcoco") else eval_task
+    return task_of_eval(eval_task).name
 
 
 def task_rois(task, splits):
-    """The detected-RoI parquets a task reads (VCR uses its ground-truth boxes only)."""
-    if task.startswith("vcr"):
-        return []
-    dataset = "refcoco" if task.startswith("refcoco") else task
-    return [f"results/rois/{dataset}/{split}.parquet" for split in splits]
+    """The detected-RoI parquets a task reads (none for a task that uses its dataset's own boxes)."""
+    dataset = task_of_name(task).roi_dataset
+    return (
+        [f"results/rois/{dataset}/{split}.parquet" for split in splits]
+        if dataset
+        else []
+    )
 
 
 def pretrained_model(wildcards):
@@ -154,46 +172,31 @@ def finetune_predictions(task, setting, schedule):
 
 
 def eval_splits(task):
-    """The held-out splits a fine-tuned model predicts (VQA's val stands in for test-dev)."""
-    return REFCOCO_EVAL_SPLITS if task == "refcoco" else ["val"]
+    """The held-out splits a fine-tuned model predicts (the task's own)."""
+    return list(get_task(task).eval_splits)
 
 
 def eval_targets(task):
-    """(eval task, split) pairs a fine-tune job predicts; RefCOCO+ on both region tracks."""
-    eval_tasks = ["refcoco_gt", "refcoco_det"] if task == "refcoco" else [task]
-    return [[eval_task, split] for eval_task in eval_tasks for split in eval_splits(task)]
+    """(eval task, split) pairs a fine-tune job predicts (RefCOCO+: one eval task per region track)."""
+    eval_tasks = get_task(task).eval_task_names()
+    return [
+        [eval_task, split] for eval_task in eval_tasks for split in eval_splits(task)
+    ]
 
 
 def eval_json(eval_task, setting, schedule, split):
     return f"results/eval/{eval_task}/{setting}/{schedule}/{split}.json"
 
 
-def table4_evals():
+def table_evals(table):
+    """The eval JSONs a table reads: its measured columns for each of its settings (tables/build.py)."""
+    spec = TABLE_SPECS[table]
     return [
-        eval_json(task, setting, "half", split)
-        for setting in config["pretrain"]["settings"]
-        for task, split in TABLE4_EVALS.items()
-    ]
-
-
-def table1_evals():
-    return [
-        eval_json(task, setting, "full", "val")
-        for setting in PAPER_TABLE_SETTINGS
-        for task in ["vcr_q2a", "vcr_qa2r", "vcr_q2ar"]
-    ]
-
-
-def table2_evals():
-    return [eval_json("vqa", setting, "full", "val") for setting in PAPER_TABLE_SETTINGS]
-
-
-def table3_evals():
-    return [
-        eval_json(track, setting, "full", split)
-        for setting in PAPER_TABLE_SETTINGS
-        for track in ["refcoco_gt", "refcoco_det"]
-        for split in REFCOCO_EVAL_SPLITS
+        eval_json(eval_task, setting, spec.schedule, split)
+        for setting in spec.measured_settings(
+            config["pretrain"]["settings"], bool(INIT_FROM)
+        )
+        for eval_task, split in spec.eval_targets()
     ]
 
 
@@ -201,4 +204,39 @@ def print_where_results_are():
     """The last lines of a successful run: the tables and the report it has written, in the working directory."""
     written = [path for path in [*TABLES, REPORT] if os.path.exists(path)]
     if written:
-        print("\nResults (in " + os.getcwd() + "):\n" + "\n".join(f"  {path}" for path in written), file=sys.stderr)
+        listing = "\n".join(f"  {path}" for path in written)
+        print(f"\nResults (in {os.getcwd()}):\n{listing}", file=sys.stderr)
+
+
+def world_outputs():
+    src = config["sources"]
+    files = list(src["cc"].values()) + [src["books"], src["wiki"]]
+    for dataset in task_datasets():
+        files += source_files(dataset, dataset_splits(dataset))
+    files += source_files("detector", ["train", "val"])
+    return sorted(set(files))
+
+
+def roi_tsv(dataset, split, shard=None):
+    """The bottom-up TSV of a dataset's split (and CC shard): rois.source with {split}/{shard} filled in."""
+    path = ROI_SOURCES[dataset].replace("{split}", split)
+    return path.replace("{shard}", shard) if shard is not None else path
+
+
+def report_finetune_metrics():
+    """The metrics.jsonl of every fine-tune job behind the tables (half: Table 4, full: Tables 1-3)."""
+    jobs = [(setting, "half") for setting in config["pretrain"]["settings"]]
+    jobs += [(setting, "full") for setting in PAPER_TABLE_SETTINGS]
+    return [
+        f"results/finetune/{task}/{setting}/{schedule}/metrics.jsonl"
+        for task in FINETUNE_TASKS
+        for setting, schedule in jobs
+    ]
+
+
+def report_figure(name):
+    return report(
+        f"results/report/{name}.png",
+        caption=f"../report/{name}.rst",
+        category="Run report",
+    )

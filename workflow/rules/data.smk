@@ -11,26 +11,27 @@ if FETCH_NAME_BY_PATH:
     rule fetch:
         output:
             path="{fetched}",
-        params:
-            code=code("fetch"),
-            name=lambda wc: FETCH_NAME_BY_PATH[wc.fetched],
-            entry=lambda wc: stable(config["fetch"][FETCH_NAME_BY_PATH[wc.fetched]]),
-            timeout_s=60,
-            attempts=5,
         log:
             "logs/fetch/{fetched}.log",
         benchmark:
             "benchmarks/rules/fetch/{fetched}.tsv"
         wildcard_constraints:
             fetched="|".join(re.escape(path) for path in FETCH_NAME_BY_PATH),
+        retries: 2  # each retry resumes from the part file
+        conda:
+            CONDA_ENV
         threads: 1
         resources:
             mem_mb=1000,
             runtime=24 * 60,
-        retries: 2  # each retry resumes from the part file
+        params:
+            code=code("fetch"),
+            name=lambda wc: FETCH_NAME_BY_PATH[wc.fetched],
+            entry=lambda wc: stable(config["fetch"][FETCH_NAME_BY_PATH[wc.fetched]]),
+            timeout_s=60,
+            attempts=5,
         script:
             "../scripts/fetch.py"
-
 
 
 rule partition_cc:
@@ -38,19 +39,21 @@ rule partition_cc:
         tsv=lambda wc: config["sources"]["cc"][wc.split],
     output:
         rows="results/shards/cc/rows/{split}.parquet",
+    log:
+        "logs/partition_cc/{split}.log",
+    benchmark:
+        "benchmarks/rules/partition_cc/{split}.tsv"
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=60,
     params:
         code=code("partition_cc"),
         split=lambda wc: wc.split,
         shard_rows=config["cc"]["shard_rows"],  # not num_shards: adding a shard must not re-cut the others
         expected_rows=lambda wc: config["cc"]["expected_rows"].get(wc.split),
-    log:
-        "logs/partition_cc/{split}.log",
-    benchmark:
-        "benchmarks/rules/partition_cc/{split}.tsv"
-    threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=60,
     script:
         "../scripts/partition_cc.py"
 
@@ -62,21 +65,23 @@ rule download_cc:
         tar="results/shards/cc/{split}-{shard}.tar",
         parquet="results/shards/cc/{split}-{shard}.parquet",
         stats="results/shards/cc/{split}-{shard}.stats.json",
+    log:
+        "logs/download_cc/{split}-{shard}.log",
+    benchmark:
+        "benchmarks/rules/download_cc/{split}-{shard}.tsv"
+    retries: 2
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=120,
     params:
         code=code("download_cc"),
         split=lambda wc: wc.split,
         shard=lambda wc: int(wc.shard),
         resize=stable(config["cc"]["resize"]),
         download=stable(config["cc"]["download"]),
-    log:
-        "logs/download_cc/{split}-{shard}.log",
-    benchmark:
-        "benchmarks/rules/download_cc/{split}-{shard}.tsv"
-    threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=120,
-    retries: 2
     script:
         "../scripts/download_cc.py"
 
@@ -86,23 +91,28 @@ rule shard_text:
         source=lambda wc: config["sources"][wc.corpus],
     output:
         # Every corpus gets text.num_shards shards, so one job per corpus has a static output list.
-        tars=expand("results/shards/text/{{corpus}}-{shard:05d}.tar", shard=range(config["text"]["num_shards"])),
+        tars=expand(
+            "results/shards/text/{{corpus}}-{shard:05d}.tar",
+            shard=range(config["text"]["num_shards"]),
+        ),
         accounting="results/shards/text/{corpus}.parquet",
-    params:
-        code=code("shard_text"),
-        corpus=lambda wc: wc.corpus,
-        num_shards=config["text"]["num_shards"],
-        sentences_per_doc=config["text"]["sentences_per_doc"],
     log:
         "logs/shard_text/{corpus}.log",
     benchmark:
         "benchmarks/rules/shard_text/{corpus}.tsv"
     wildcard_constraints:
         corpus="books|wiki",
+    conda:
+        CONDA_ENV
     threads: config["text"]["processes"]  # worker processes stripping Wikipedia markup
     resources:
         mem_mb=4000,
         runtime=240,
+    params:
+        code=code("shard_text"),
+        corpus=lambda wc: wc.corpus,
+        num_shards=config["text"]["num_shards"],
+        sentences_per_doc=config["text"]["sentences_per_doc"],
     script:
         "../scripts/shard_text.py"
 

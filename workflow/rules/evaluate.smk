@@ -13,24 +13,28 @@ rule evaluate:
     output:
         json="results/eval/{eval_task}/{setting}/{schedule}/{split}.json",
         predictions="results/eval/{eval_task}/{setting}/{schedule}/{split}.predictions.json",
-    params:
-        code=lambda wc: code("evaluate", wc.eval_task),
-        task=lambda wc: wc.eval_task,
-        split=lambda wc: wc.split,
-        setting=lambda wc: wc.setting,
-        schedule=lambda wc: wc.schedule,
-        sources=lambda wc: stable(config["sources"][finetune_dataset(eval_to_finetune_task(wc.eval_task))]),
-        dataset=config["dataset"],
     log:
         "logs/evaluate/{eval_task}/{setting}/{schedule}/{split}.log",
     benchmark:
         "benchmarks/rules/evaluate/{eval_task}/{setting}/{schedule}/{split}.tsv"
     wildcard_constraints:
         split="val|testA|testB",
+    conda:
+        CONDA_ENV
     threads: 1
     resources:
         mem_mb=2000,
         runtime=30,
+    params:
+        code=lambda wc: code("evaluate", wc.eval_task),
+        task=lambda wc: wc.eval_task,
+        split=lambda wc: wc.split,
+        setting=lambda wc: wc.setting,
+        schedule=lambda wc: wc.schedule,
+        sources=lambda wc: stable(
+            config["sources"][finetune_dataset(eval_to_finetune_task(wc.eval_task))]
+        ),
+        dataset=config["dataset"],
     script:
         "../scripts/evaluate.py"
 
@@ -41,17 +45,19 @@ rule vcr_q2ar:
         qa2r="results/eval/vcr_qa2r/{setting}/{schedule}/{split}.predictions.json",
     output:
         json="results/eval/vcr_q2ar/{setting}/{schedule}/{split}.json",
+    log:
+        "logs/evaluate/vcr_q2ar/{setting}/{schedule}/{split}.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
     params:
         code=code("vcr_q2ar"),
         setting=lambda wc: wc.setting,
         schedule=lambda wc: wc.schedule,
         split=lambda wc: wc.split,
         dataset=config["dataset"],
-    log:
-        "logs/evaluate/vcr_q2ar/{setting}/{schedule}/{split}.log",
-    threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=10,
     script:
         "../scripts/vcr_q2ar.py"

@@ -9,13 +9,25 @@ rule finetune:
         rois=lambda wc: task_rois(wc.finetune_task, ["train"]),
         eval_rois=lambda wc: task_rois(wc.finetune_task, eval_splits(wc.finetune_task)),
         annotations=lambda wc: source_files(
-            finetune_dataset(wc.finetune_task), ["train"] + eval_splits(wc.finetune_task)
+            finetune_dataset(wc.finetune_task),
+            ["train"] + eval_splits(wc.finetune_task),
         ),
     output:
         model="results/finetune/{finetune_task}/{setting}/{schedule}/model.safetensors",
         config="results/finetune/{finetune_task}/{setting}/{schedule}/config.json",
         metrics="results/finetune/{finetune_task}/{setting}/{schedule}/metrics.jsonl",
         predictions="results/finetune/{finetune_task}/{setting}/{schedule}/predictions.json",
+    log:
+        "logs/finetune/{finetune_task}/{setting}/{schedule}.log",
+    benchmark:
+        "benchmarks/rules/finetune/{finetune_task}/{setting}/{schedule}.tsv"
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=8000,
+        runtime=600,
+        gpu=1 if config["device"] == "cuda" else 0,
     params:
         code=lambda wc: code("finetune", wc.finetune_task),
         task=lambda wc: wc.finetune_task,
@@ -29,14 +41,5 @@ rule finetune:
         eval_targets=lambda wc: eval_targets(wc.finetune_task),
         seed=config["seed"],
         device=config["device"],
-    log:
-        "logs/finetune/{finetune_task}/{setting}/{schedule}.log",
-    benchmark:
-        "benchmarks/rules/finetune/{finetune_task}/{setting}/{schedule}.tsv"
-    threads: 1
-    resources:
-        mem_mb=8000,
-        runtime=600,
-        gpu=1 if config["device"] == "cuda" else 0,
     script:
         "../scripts/finetune.py"

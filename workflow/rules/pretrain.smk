@@ -16,19 +16,23 @@ rule pretrain:
         config="results/pretrain/{setting}/config.json",
         metrics="results/pretrain/{setting}/metrics.jsonl",
         visual_clue="results/pretrain/{setting}/visual_clue.json",
-    params:
-        setting=lambda wc: wc.setting,
-        model=stable(config["model"]),
-        pretrain=stable({k: v for k, v in config["pretrain"].items() if k != "settings"}),
-        seed=config["seed"],
-        device=config["device"],
-        code=code("pretrain"),
     log:
         "logs/pretrain/{setting}.log",
     benchmark:
         "benchmarks/rules/pretrain/{setting}.tsv"
+    conda:
+        CONDA_ENV
     threads: 1
     resources:
         **pretrain_resources(),
+    params:
+        setting=lambda wc: wc.setting,
+        model=stable(config["model"]),
+        pretrain=stable(
+            {k: v for k, v in config["pretrain"].items() if k != "settings"}
+        ),
+        seed=config["seed"],
+        device=config["device"],
+        code=code("pretrain"),
     script:
         "../scripts/pretrain.py"

@@ -10,26 +10,12 @@ report: "../report/workflow.rst"
 REPORT = "results/report/index.html"
 
 
-def report_finetune_metrics():
-    """The metrics.jsonl of every fine-tune job behind the tables (half: Table 4, full: Tables 1-3)."""
-    jobs = [(setting, "half") for setting in config["pretrain"]["settings"]]
-    jobs += [(setting, "full") for setting in PAPER_TABLE_SETTINGS]
-    return [
-        f"results/finetune/{task}/{setting}/{schedule}/metrics.jsonl"
-        for task in FINETUNE_TASKS
-        for setting, schedule in jobs
-    ]
-
-
-def report_figure(name):
-    return report(f"results/report/{name}.png", caption=f"../report/{name}.rst", category="Run report")
-
-
 rule report:
     input:
         tables=TABLES,
         pretrain_metrics=expand(
-            "results/pretrain/{setting}/metrics.jsonl", setting=config["pretrain"]["settings"]
+            "results/pretrain/{setting}/metrics.jsonl",
+            setting=config["pretrain"]["settings"],
         ),
         finetune_metrics=report_finetune_metrics(),
         shard_stats=[
@@ -37,7 +23,9 @@ rule report:
             for split in config["cc"]["splits"]
             for shard in cc_shard_ids(split)
         ],
-        roi_parquets=[pq for split in config["cc"]["splits"] for pq in cc_roi_parquets(split)],
+        roi_parquets=[
+            pq for split in config["cc"]["splits"] for pq in cc_roi_parquets(split)
+        ],
         # Not inputs: benchmarks/rules/**/*.tsv. Snakemake writes them when a job ends, no rule
         # makes them; the script reads whatever exists when it runs.
     output:
@@ -47,15 +35,17 @@ rule report:
         downloads=report_figure("downloads"),
         rois_per_image=report_figure("rois_per_image"),
         benchmarks=report_figure("benchmarks"),
-    params:
-        code=code("report"),
-        config=stable(config),
-        benchmarks_dir="benchmarks/rules",
     log:
         "logs/report.log",
+    conda:
+        CONDA_ENV
     threads: 1
     resources:
         mem_mb=2000,
         runtime=10,
+    params:
+        code=code("report"),
+        config=stable(config),
+        benchmarks_dir="benchmarks/rules",
     script:
         "../scripts/report.py"

@@ -14,17 +14,14 @@ ROI_SOURCES = config["rois"]["source"]
 # An import keeps the TSV's own selection, so only the box bounds and the batching reach it.
 ROI_RULE_PARAMS = stable({k: v for k, v in config["rois"].items() if k != "source"})
 ROI_IMPORT_PARAMS = stable(
-    {k: config["rois"][k] for k in ("min_boxes", "max_boxes", "batch_size", "num_workers")}
+    {
+        k: config["rois"][k]
+        for k in ("min_boxes", "max_boxes", "batch_size", "num_workers")
+    }
 )
-TASK_DATASETS = ["vqa", "refcoco"]
+TASK_DATASETS = roi_datasets()
 DETECTED_TASK_DATASETS = [d for d in TASK_DATASETS if ROI_SOURCES[d] == "detector"]
 IMPORTED_TASK_DATASETS = [d for d in TASK_DATASETS if ROI_SOURCES[d] != "detector"]
-
-
-def roi_tsv(dataset, split, shard=None):
-    """The bottom-up TSV of a dataset's split (and CC shard): rois.source with {split}/{shard} filled in."""
-    path = ROI_SOURCES[dataset].replace("{split}", split)
-    return path.replace("{shard}", shard) if shard is not None else path
 
 
 if not config["detector"]["weights"]:
@@ -36,20 +33,22 @@ if not config["detector"]["weights"]:
         output:
             model="results/detector/model.pt",
             metrics="results/detector/metrics.json",
-        params:
-            code=code("train_detector"),
-            detector=stable(config["detector"]),
-            images=config["sources"]["detector"]["images"],
-            seed=config["seed"],
         log:
             "logs/train_detector.log",
         benchmark:
             "benchmarks/rules/train_detector.tsv"
+        conda:
+            CONDA_ENV
         threads: 2
         resources:
             mem_mb=4000,
             runtime=120,
             gpu=1 if config["device"] == "cuda" else 0,
+        params:
+            code=code("train_detector"),
+            detector=stable(config["detector"]),
+            images=config["sources"]["detector"]["images"],
+            seed=config["seed"],
         script:
             "../scripts/train_detector.py"
 
@@ -62,19 +61,21 @@ if ROI_SOURCES["cc"] == "detector":
             model=DETECTOR_MODEL,
         output:
             parquet="results/rois/cc/{split}-{shard}.parquet",
-        params:
-            code=code("extract_rois"),
-            rois=ROI_RULE_PARAMS,
-            device=config["device"],
         log:
             "logs/extract_rois/cc/{split}-{shard}.log",
         benchmark:
             "benchmarks/rules/extract_rois/cc/{split}-{shard}.tsv"
+        conda:
+            CONDA_ENV
         threads: 1
         resources:
             mem_mb=4000,
             runtime=120,
             gpu=1 if config["device"] == "cuda" else 0,
+        params:
+            code=code("extract_rois"),
+            rois=ROI_RULE_PARAMS,
+            device=config["device"],
         script:
             "../scripts/extract_rois.py"
 
@@ -87,19 +88,21 @@ else:
             model=DETECTOR_MODEL,  # its class space, and its box head scores boxes of a TSV without cls_prob
         output:
             parquet="results/rois/cc/{split}-{shard}.parquet",
-        params:
-            code=code("extract_rois"),
-            rois=ROI_IMPORT_PARAMS,
-            device=config["device"],
         log:
             "logs/import_rois/cc/{split}-{shard}.log",
         benchmark:
             "benchmarks/rules/import_rois/cc/{split}-{shard}.tsv"
+        conda:
+            CONDA_ENV
         threads: 1
         resources:
             mem_mb=4000,
             runtime=120,
             gpu=1 if config["device"] == "cuda" else 0,
+        params:
+            code=code("extract_rois"),
+            rois=ROI_IMPORT_PARAMS,
+            device=config["device"],
         script:
             "../scripts/extract_rois.py"
 
@@ -112,13 +115,6 @@ if DETECTED_TASK_DATASETS:
             model=DETECTOR_MODEL,
         output:
             parquet="results/rois/{dataset}/{split}.parquet",
-        params:
-            code=lambda wc: code("extract_task_rois", wc.dataset),
-            dataset=lambda wc: wc.dataset,
-            split=lambda wc: wc.split,
-            sources=lambda wc: stable(config["sources"][wc.dataset]),
-            rois=ROI_RULE_PARAMS,
-            device=config["device"],
         log:
             "logs/extract_rois/{dataset}/{split}.log",
         benchmark:
@@ -126,11 +122,20 @@ if DETECTED_TASK_DATASETS:
         wildcard_constraints:
             dataset="|".join(DETECTED_TASK_DATASETS),
             split="train|val|testA|testB",
+        conda:
+            CONDA_ENV
         threads: 1
         resources:
             mem_mb=4000,
             runtime=120,
             gpu=1 if config["device"] == "cuda" else 0,
+        params:
+            code=lambda wc: code("extract_task_rois", wc.dataset),
+            dataset=lambda wc: wc.dataset,
+            split=lambda wc: wc.split,
+            sources=lambda wc: stable(config["sources"][wc.dataset]),
+            rois=ROI_RULE_PARAMS,
+            device=config["device"],
         script:
             "../scripts/extract_task_rois.py"
 
@@ -144,13 +149,6 @@ if IMPORTED_TASK_DATASETS:
             model=DETECTOR_MODEL,
         output:
             parquet="results/rois/{dataset}/{split}.parquet",
-        params:
-            code=lambda wc: code("extract_task_rois", wc.dataset),
-            dataset=lambda wc: wc.dataset,
-            split=lambda wc: wc.split,
-            sources=lambda wc: stable(config["sources"][wc.dataset]),
-            rois=ROI_IMPORT_PARAMS,
-            device=config["device"],
         log:
             "logs/import_rois/{dataset}/{split}.log",
         benchmark:
@@ -158,10 +156,19 @@ if IMPORTED_TASK_DATASETS:
         wildcard_constraints:
             dataset="|".join(IMPORTED_TASK_DATASETS),
             split="train|val|testA|testB",
+        conda:
+            CONDA_ENV
         threads: 1
         resources:
             mem_mb=4000,
             runtime=120,
             gpu=1 if config["device"] == "cuda" else 0,
+        params:
+            code=lambda wc: code("extract_task_rois", wc.dataset),
+            dataset=lambda wc: wc.dataset,
+            split=lambda wc: wc.split,
+            sources=lambda wc: stable(config["sources"][wc.dataset]),
+            rois=ROI_IMPORT_PARAMS,
+            device=config["device"],
         script:
             "../scripts/extract_task_rois.py"

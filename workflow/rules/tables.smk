@@ -3,23 +3,25 @@
 
 rule tables:
     input:
-        table1=table1_evals(),
-        table2=table2_evals(),
-        table3=table3_evals(),
-        table4=table4_evals(),
+        **{table: table_evals(table) for table in TABLE_SPECS},
     output:
-        [report(path, caption="../report/tables.rst", category="Result tables") for path in TABLES],
+        [
+            report(path, caption="../report/tables.rst", category="Result tables")
+            for path in TABLES
+        ],
+    log:
+        "logs/tables.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
     params:
         code=code("tables"),
         dataset=config["dataset"],
         settings=FINETUNE_SETTINGS,
         released_from=INIT_FROM,
         model=stable(config["model"]),
-    log:
-        "logs/tables.log",
-    threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=10,
     script:
         "../scripts/tables.py"

@@ -2,34 +2,26 @@
 # Real configs (dataset: real) point `sources:` at downloaded data and never run this rule.
 
 
-def world_outputs():
-    src = config["sources"]
-    files = list(src["cc"].values()) + [src["books"], src["wiki"]]
-    files += source_files("vqa", VQA_SPLITS)
-    files += source_files("vcr", ["train", "val"])
-    files += source_files("refcoco", REFCOCO_SPLITS)
-    files += source_files("detector", ["train", "val"])
-    return sorted(set(files))
-
-
 if config["dataset"] == "synthetic":
 
     rule world:
         output:
             world_outputs(),
             summary="resources/synthetic/world.json",
+        log:
+            "logs/world.log",
+        benchmark:
+            "benchmarks/rules/world.tsv"
+        conda:
+            CONDA_ENV
+        threads: 1
+        resources:
+            mem_mb=2000,
+            runtime=30,
         params:
             code=code("world"),
             world=stable(config["world"]),
             sources=stable(config["sources"]),
             seed=config["seed"],
-        log:
-            "logs/world.log",
-        benchmark:
-            "benchmarks/rules/world.tsv"
-        threads: 1
-        resources:
-            mem_mb=2000,
-            runtime=30,
         script:
             "../scripts/world.py"

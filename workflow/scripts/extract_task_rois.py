@@ -1,25 +1,16 @@
-"""Snakemake entry point: the RoIs of a task's images (VQA, RefCOCO+ detected track), detected (rule
+"""Snakemake entry point: the RoIs of a task dataset's images (the registered tasks' `roi_dataset`), detected (rule
 extract_task_rois) or imported from a bottom-up-attention TSV (rule import_task_rois, which gives
 `input.tsv`; its image_ids are COCO image ids)."""
 
 from vlbert_core.detector import coco_image_id, extract_rois_with_detector, import_rois_with_detector
-from vlbert_core.tasks.refcoco import refcoco_image_paths
-from vlbert_core.tasks.vqa import vqa_image_paths
+from vlbert_core.tasks.registry import task_of_roi_dataset
 from vlbert_core.utils import get_logger, set_threads, setup_logging
-
-
-def task_image_paths(dataset: str, split: str, sources: dict) -> dict:
-    if dataset == "vqa":
-        return vqa_image_paths(sources["questions"].format(split=split), sources["images"].format(split=split))
-    if dataset == "refcoco":
-        return refcoco_image_paths(sources["refs"], sources["instances"], sources["images"], split)
-    raise ValueError(f"no task images defined for dataset {dataset!r} (expected vqa or refcoco)")
 
 
 def main(smk) -> None:
     setup_logging(smk.log[0])
     set_threads(smk.threads)
-    paths = task_image_paths(smk.params.dataset, smk.params.split, smk.params.sources)
+    paths = task_of_roi_dataset(smk.params.dataset).roi_image_paths(smk.params.split, smk.params.sources)
     get_logger(__name__).info("%s/%s: %d images", smk.params.dataset, smk.params.split, len(paths))
     samples = sorted((key, str(path)) for key, path in paths.items())
     tsv = getattr(smk.input, "tsv", None)

@@ -10,7 +10,7 @@ def main(smk):
     setup_logging(smk.log[0])
     tables_dir = Path(smk.output[0]).parent
     # inputs are results/eval/{task}/{setting}/{schedule}/{split}.json
-    results_dir = Path(smk.input.table4[0]).parents[4]
+    results_dir = Path(smk.input[0]).parents[4]
     write_tables(results_dir, tables_dir, smk.params.settings, smk.params.dataset, smk.params.model,
                  released_from=smk.params.released_from)
 

@@ -10,3 +10,7 @@ Every head takes the model's `VLBertOutput` and the `VLBertBatch` it came from:
 - `refcoco.RefCOCOHead`: each `[IMG]` output -> MLP -> one binary score per RoI.
 - `common`: picking the `[CLS]`, `[MASK]` and `[IMG]` outputs, and the initialisation.
 """
+
+# every task's head module: the fine-tune code imports this package, so that its code fingerprint
+# covers the heads the task modules reach through `tasks.base.model_side`
+from . import refcoco, vcr, vqa  # noqa: F401,E402

@@ -34,14 +34,6 @@ def roi_outputs(sequence_output: torch.Tensor, element_kind: torch.Tensor, roi_i
     return out.index_put((sample_idx, box_idx), sequence_output[sample_idx, position])
 
 
-def init_linear(module: nn.Module, std: float = 0.02) -> None:
-    """New parameters ~ N(0, 0.02), biases 0, as BERT initialises."""
-    for m in module.modules():
-        if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, std=std)
-            nn.init.zeros_(m.bias)
-
-
 HEAD_LAYOUTS = ("project", "released")
 
 

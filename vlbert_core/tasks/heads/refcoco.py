@@ -8,7 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import HeadTransform, check_layout, init_linear, roi_outputs
+from vlbert_core.model.initialization import init_new_parameters
+
+from .common import HeadTransform, check_layout, roi_outputs
 
 
 class RefCOCOHead(nn.Module):
@@ -25,7 +27,7 @@ class RefCOCOHead(nn.Module):
         else:
             self.mlp = nn.Sequential(nn.Dropout(dropout), nn.Linear(hidden_size, hidden_size), nn.ReLU(),
                                      nn.Dropout(dropout), nn.Linear(hidden_size, 1))
-        init_linear(self)
+        init_new_parameters(self)
 
     def forward(self, output, batch) -> torch.Tensor:
         """[B, R] logits; box slots that are not candidates are left to the caller's mask."""

@@ -6,7 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import IGNORE_INDEX, HeadTransform, check_layout, cls_output, init_linear, roi_outputs
+from vlbert_core.model.initialization import init_new_parameters
+
+from .common import IGNORE_INDEX, HeadTransform, check_layout, cls_output, roi_outputs
 
 
 class VCRHead(nn.Module):
@@ -19,7 +21,7 @@ class VCRHead(nn.Module):
         self.pooler = nn.Linear(hidden_size, hidden_size) if layout == "released" else None
         self.dropout = nn.Dropout(dropout)
         self.score = nn.Linear(hidden_size, 1)
-        init_linear(self)
+        init_new_parameters(self)
 
     def forward(self, output, batch, num_candidates: int) -> torch.Tensor:
         """[B_questions, num_candidates] scores; rows of the batch are question-major."""
@@ -45,7 +47,7 @@ class VCRRoIClassifier(nn.Module):
         self.transform = HeadTransform(hidden_size, layer_norm_eps=None) if layout == "released" else None
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(hidden_size, num_classes)
-        init_linear(self)
+        init_new_parameters(self)
 
     def forward(self, output, batch) -> torch.Tensor:
         """[B, R, num_classes] logits of every box slot."""

@@ -8,7 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import HeadTransform, check_layout, init_linear, mask_output
+from vlbert_core.model.initialization import init_new_parameters
+
+from .common import HeadTransform, check_layout, mask_output
 
 
 class VQAHead(nn.Module):
@@ -33,7 +35,7 @@ class VQAHead(nn.Module):
                 nn.Dropout(dropout), nn.Linear(hidden_size, inner), nn.GELU(),
                 nn.LayerNorm(inner, eps=layer_norm_eps), nn.Dropout(dropout),
                 nn.Linear(inner, num_answers))
-        init_linear(self)
+        init_new_parameters(self)
 
     def forward(self, output, batch) -> torch.Tensor:
         return self.classifier(mask_output(output.sequence_output, batch.input_ids, self.mask_id))

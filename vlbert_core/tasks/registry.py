@@ -1,0 +1,124 @@
+"""The registry of fine-tuning tasks: task names -> `Task` classes (see `base.Task`).
+
+The built-in tasks are registered here; another task registers itself with `register(cls)` before
+the config is validated or a job runs. Every lookup of an unknown name is an error listing the
+registered ones. Torch-free (the task modules import torch only where their methods run).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .base import Task
+from .refcoco import RefcocoTask
+from .vcr import VcrQ2ATask, VcrQA2RTask
+from .vqa import VqaTask
+
+_TASKS: dict[str, type[Task]] = {}
+
+
+def register(cls: type[Task]) -> type[Task]:
+    """Add a task class under `cls.name` (usable as a class decorator); a name taken by another
+    class, fine-tune or eval, is an error."""
+    taken = {name: other for other in _TASKS.values() if other is not cls for name in _names(other)}
+    clashes = [name for name in _names(cls) if name in taken]
+    if clashes:
+        raise ValueError(f"task {cls.__name__}: names {clashes} are already registered by "
+                         f"{sorted({taken[n].__name__ for n in clashes})}")
+    _TASKS[cls.name] = cls
+    return cls
+
+
+def unregister(name: str) -> None:
+    """Remove a task (tests register toy tasks for their own duration)."""
+    _TASKS.pop(name, None)
+
+
+def _names(cls: type[Task]) -> tuple[str, ...]:
+    return (cls.name, *cls.eval_task_names(), *cls.derived_eval_tasks)
+
+
+def registered_tasks() -> list[type[Task]]:
+    """The registered task classes, in registration order."""
+    return list(_TASKS.values())
+
+
+def task_names() -> list[str]:
+    """The registered fine-tune task names, in registration order."""
+    return list(_TASKS)
+
+
+def eval_task_names() -> list[str]:
+    """Every eval task the registered tasks' fine-tunes predict."""
+    return [name for cls in _TASKS.values() for name in cls.eval_task_names()]
+
+
+def get_task(name: str) -> Task:
+    """The task fine-tuned under `name`, or an error listing the registered ones."""
+    if name not in _TASKS:
+        raise ValueError(f"unknown fine-tuning task {name!r}; registered tasks: {task_names()}")
+    return _TASKS[name]()
+
+
+def task_of_eval(eval_task: str) -> Task:
+    """The task whose fine-tunes predict (or derive) `eval_task`."""
+    for cls in _TASKS.values():
+        if eval_task in cls.eval_task_names() or eval_task in cls.derived_eval_tasks:
+            return cls()
+    raise ValueError(f"unknown eval task {eval_task!r}; registered eval tasks: {eval_task_names()}")
+
+
+def task_of_name(name: str) -> Task:
+    """The task a fine-tune or eval task name belongs to."""
+    return get_task(name) if name in _TASKS else task_of_eval(name)
+
+
+def task_datasets() -> list[str]:
+    """The datasets (keys under `sources:`) of the registered tasks, in registration order."""
+    return list(dict.fromkeys(cls.dataset for cls in _TASKS.values()))
+
+
+def roi_datasets() -> list[str]:
+    """The datasets whose images get detected RoIs for a registered task."""
+    return list(dict.fromkeys(cls.roi_dataset for cls in _TASKS.values() if cls.roi_dataset))
+
+
+def task_of_roi_dataset(dataset: str) -> Task:
+    """The (first) registered task that reads the detected RoIs of `dataset`."""
+    for cls in _TASKS.values():
+        if cls.roi_dataset == dataset:
+            return cls()
+    raise ValueError(f"no registered task reads detected RoIs of dataset {dataset!r}; "
+                     f"those that do: {roi_datasets()}")
+
+
+def dataset_splits(dataset: str) -> list[str]:
+    """The splits of `dataset` its registered tasks read: the training split, then the eval splits."""
+    splits = [s for cls in _TASKS.values() if cls.dataset == dataset for s in (cls.train_split, *cls.eval_splits)]
+    if not splits:
+        raise ValueError(f"no registered task reads dataset {dataset!r}; registered datasets: {task_datasets()}")
+    return list(dict.fromkeys(splits))
+
+
+FINETUNE_OPTIONS = ("schedules", "tune_frcnn")  # the keys of `finetune:` that are not tasks
+
+
+def check_finetune_config(finetune: Mapping[str, Any], sources: Mapping[str, Any]) -> None:
+    """The config's `finetune:` section names registered tasks only, has a section for each, with the
+    task's own required keys, and `sources:` has each task's dataset. Run right after the schema."""
+    unknown = [key for key in finetune if key not in FINETUNE_OPTIONS and key not in _TASKS]
+    if unknown:
+        raise ValueError(f"config finetune: unknown tasks {unknown}; registered tasks: {task_names()}")
+    missing = [name for name in _TASKS if name not in finetune]
+    if missing:
+        raise ValueError(f"config finetune: no section for the registered tasks {missing}")
+    for cls in _TASKS.values():
+        lacking = [key for key in cls.required_hparams if key not in finetune[cls.name]]
+        if lacking:
+            raise ValueError(f"config finetune.{cls.name} lacks keys {lacking}")
+        if cls.dataset not in sources:
+            raise ValueError(f"config sources: task {cls.name} needs sources.{cls.dataset}")
+
+
+for _builtin in (VcrQ2ATask, VcrQA2RTask, VqaTask, RefcocoTask):
+    register(_builtin)
