@@ -5,49 +5,29 @@
 #   convert_weights; a vl-bert model directory by rule convert_vlbert), e.g. detector.weights or
 #   pretrain.init_from. Each entry's key is the path it writes.
 
-import re
-from pathlib import Path
-
-STAND_INS = config["stand_ins"]
-MANIFEST_STAND_INS = {path: entry for path, entry in STAND_INS.items() if entry["kind"] == "manifest"}
-BERT_STAND_INS = {path: entry for path, entry in STAND_INS.items() if entry["kind"] == "bert"}
-MANIFEST_DIR = Path(workflow.basedir) / "tests" / "data" / "manifests"
-CONVERSIONS = config["convert"]
-FILE_CONVERSIONS = {path: entry for path, entry in CONVERSIONS.items() if entry["converter"] != "vl-bert"}
-VLBERT_CONVERSIONS = {path: entry for path, entry in CONVERSIONS.items() if entry["converter"] == "vl-bert"}
-CONVERSION_FILE_KEYS = ("input", "bert_path", "visual_weights")  # entry keys naming files the converter reads
-
-
-def bert_checkpoint_input():
-    """model.bert_path as a job input when rule stand_in_bert makes it (a hand-obtained one is read by the job)."""
-    path = config["model"]["bert_path"]
-    return [path] if path in BERT_STAND_INS else []
-
-
-def conversion_inputs(entry):
-    return {key: entry[key] for key in CONVERSION_FILE_KEYS if entry.get(key)}
-
-
 if MANIFEST_STAND_INS:
 
     rule stand_in:
         input:
-            manifest=lambda wc: MANIFEST_DIR / MANIFEST_STAND_INS[wc.stand_in]["manifest"],
+            manifest=lambda wc: MANIFEST_DIR
+            / MANIFEST_STAND_INS[wc.stand_in]["manifest"],
         output:
             path="{stand_in}",
-        params:
-            code=code("stand_in"),
-            entry=lambda wc: stable(MANIFEST_STAND_INS[wc.stand_in]),
         log:
             "logs/stand_in/{stand_in}.log",
         benchmark:
             "benchmarks/rules/stand_in/{stand_in}.tsv"
         wildcard_constraints:
             stand_in="|".join(re.escape(path) for path in MANIFEST_STAND_INS),
+        conda:
+            CONDA_ENV
         threads: 1
         resources:
             mem_mb=4000,
             runtime=10,
+        params:
+            code=code("stand_in"),
+            entry=lambda wc: stable(MANIFEST_STAND_INS[wc.stand_in]),
         script:
             "../scripts/stand_in.py"
 
@@ -57,19 +37,21 @@ if BERT_STAND_INS:
     rule stand_in_bert:
         output:
             path=directory("{bert_stand_in}"),
-        params:
-            code=code("stand_in"),
-            entry=lambda wc: stable(BERT_STAND_INS[wc.bert_stand_in]),
         log:
             "logs/stand_in/{bert_stand_in}.log",
         benchmark:
             "benchmarks/rules/stand_in/{bert_stand_in}.tsv"
         wildcard_constraints:
             bert_stand_in="|".join(re.escape(path) for path in BERT_STAND_INS),
+        conda:
+            CONDA_ENV
         threads: 1
         resources:
             mem_mb=4000,
             runtime=10,
+        params:
+            code=code("stand_in"),
+            entry=lambda wc: stable(BERT_STAND_INS[wc.bert_stand_in]),
         script:
             "../scripts/stand_in.py"
 
@@ -81,19 +63,21 @@ if FILE_CONVERSIONS:
             unpack(lambda wc: conversion_inputs(FILE_CONVERSIONS[wc.converted])),
         output:
             path="{converted}",
-        params:
-            code=code("convert_weights"),
-            entry=lambda wc: stable(FILE_CONVERSIONS[wc.converted]),
         log:
             "logs/convert/{converted}.log",
         benchmark:
             "benchmarks/rules/convert/{converted}.tsv"
         wildcard_constraints:
             converted="|".join(re.escape(path) for path in FILE_CONVERSIONS),
+        conda:
+            CONDA_ENV
         threads: 1
         resources:
             mem_mb=8000,
             runtime=30,
+        params:
+            code=code("convert_weights"),
+            entry=lambda wc: stable(FILE_CONVERSIONS[wc.converted]),
         script:
             "../scripts/convert_weights.py"
 
@@ -106,18 +90,20 @@ if VLBERT_CONVERSIONS:
         output:
             model="{converted_dir}/model.safetensors",
             config="{converted_dir}/config.json",
-        params:
-            code=code("convert_weights"),
-            entry=lambda wc: stable(VLBERT_CONVERSIONS[wc.converted_dir]),
         log:
             "logs/convert/{converted_dir}.log",
         benchmark:
             "benchmarks/rules/convert/{converted_dir}.tsv"
         wildcard_constraints:
             converted_dir="|".join(re.escape(path) for path in VLBERT_CONVERSIONS),
+        conda:
+            CONDA_ENV
         threads: 1
         resources:
             mem_mb=8000,
             runtime=30,
+        params:
+            code=code("convert_weights"),
+            entry=lambda wc: stable(VLBERT_CONVERSIONS[wc.converted_dir]),
         script:
             "../scripts/convert_weights.py"
