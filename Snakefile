@@ -23,6 +23,7 @@ check_finetune_config(config["finetune"], config["sources"])
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/world.smk"
+include: "workflow/rules/weights.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/rois.smk"
 include: "workflow/rules/pretrain.smk"

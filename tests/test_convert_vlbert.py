@@ -22,6 +22,7 @@ from vlbert_core.convert.__main__ import build_parser, main
 from vlbert_core.convert.accounting import ConversionError
 from vlbert_core.convert.manifest import Manifest, stand_in_tensors, write_stand_in
 from vlbert_core.convert.resnet import convert_resnet_state
+from vlbert_core.convert.stand_in import alias_overrides, write_published_stand_in
 from vlbert_core.convert.vlbert import REPORT_FILE, convert_vlbert_state
 from vlbert_core.detector.pixels import normalise_pixels
 from vlbert_core.detector.resnet_c4 import build_resnet_c4
@@ -56,22 +57,8 @@ def cut_down(manifest: Manifest) -> Manifest:
                     extra=manifest.extra)
 
 
-ALIASES = [(r"(module\.image_feature_extractor\.)head\.0\.(.+)", r"\1roi_head_feature_extractor.\2"),
-           (r"(module\.vlbert\.)mlm_head\.predictions\.decoder\.weight", r"\1word_embeddings.weight")]
-
-
-def alias_overrides(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Twice-registered tensors made equal, as they are in a real checkpoint."""
-    overrides = {}
-    for key in arrays:
-        for pattern, template in ALIASES:
-            if m := re.fullmatch(pattern, key):
-                overrides[key] = arrays[m.expand(template)]
-    return overrides
-
-
 def write_released(manifest: Manifest, path: Path, seed: int = 0) -> dict[str, np.ndarray]:
-    return write_stand_in(manifest, path, seed=seed, overrides=alias_overrides(stand_in_tensors(manifest, seed)))
+    return write_published_stand_in(manifest, path, seed=seed)
 
 
 def released_task_meta(name: str, manifest: Manifest) -> dict:

@@ -242,8 +242,19 @@ def test_save_and_load_roundtrip(tmp_path):
     assert loaded.config == model.config
     with torch.no_grad():
         torch.testing.assert_close(loaded(batch).sequence_output, model(batch).sequence_output)
+    # built on the meta device and filled from the file: nothing is left unloaded, the frozen parts stay frozen
+    assert not any(t.is_meta for t in [*loaded.parameters(), *loaded.buffers()])
+    assert {n: p.requires_grad for n, p in loaded.named_parameters()} == \
+           {n: p.requires_grad for n, p in model.named_parameters()}
     with pytest.raises(FileNotFoundError):
         VLBertModel.load(tmp_path / "missing")
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(tmp_path / "m" / "model.safetensors"))
+    state.pop(next(k for k in state if k.startswith("encoder.layers.0.")))
+    save_file(state, str(tmp_path / "m" / "model.safetensors"))
+    with pytest.raises(ValueError, match="missing.*encoder.layers.0."):
+        VLBertModel.load(tmp_path / "m")
 
 
 # ---- the BERT port ----------------------------------------------------------------------------------

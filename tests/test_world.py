@@ -322,6 +322,27 @@ def test_books_one_long_sentence_per_line(world):
     assert book_words > 20 and book_words > 1.3 * np.mean([len(c.split()) for c in captions])
 
 
+def test_books_archive_path_gets_the_published_archive_layout_and_reads_back(tmp_path):
+    """A books source ending in .tar.bz2 (config/rehearsal.yaml, as paper_base's bookcorpus.tar.bz2)
+    is written as the published archive: the lines in order over books_large_p1.txt and _p2.txt."""
+    import tarfile
+
+    from vlbert_core.data.text import iter_text_units
+    from vlbert_core.world import formats
+
+    lines = [f"sentence number {i} of the synthetic books ." for i in range(7)]
+    path = tmp_path / "bookcorpus.tar.bz2"
+    assert formats.write_books(path, lines) == 7
+    with tarfile.open(path, "r:bz2") as tar:
+        assert tar.getnames() == ["books_large_p1.txt", "books_large_p2.txt"]
+    units = list(iter_text_units("books", path, sentences_per_doc=3))
+    assert [u.file for u in units] == ["books_large_p1.txt", "books_large_p1.txt", "books_large_p2.txt"]
+    assert [s for u in units for s in u.sentences] == lines
+    again = tmp_path / "again" / "bookcorpus.tar.bz2"
+    formats.write_books(again, lines)
+    assert again.read_bytes() == path.read_bytes()  # byte-stable, like every world file
+
+
 def test_wiki_dump_is_a_mediawiki_export(world):
     root, _ = world
     tree = ET.fromstring(bz2.decompress((root / SOURCES["wiki"]).read_bytes()))

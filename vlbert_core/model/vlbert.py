@@ -161,8 +161,9 @@ class VLBertModel(nn.Module):
             config = VLBertConfig.from_dict(json.loads(config_path.read_text()))
         except (ValueError, TypeError) as exc:
             raise ValueError(f"VLBertModel.load: {config_path}: {exc}") from exc
-        model = cls(config)
-        missing, unexpected = model.load_state_dict(load_safetensors(weights_path), strict=False)
+        with torch.device("meta"):  # every tensor comes from the file: no random init to throw away
+            model = cls(config)
+        missing, unexpected = model.load_state_dict(load_safetensors(weights_path), strict=False, assign=True)
         if missing or unexpected:
             raise ValueError(f"VLBertModel.load: {weights_path} does not match {config_path}: missing "
                              f"{sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}")

@@ -333,8 +333,9 @@ def load_finetuned(directory: str | os.PathLike) -> tuple[FinetuneModel, dict]:
     if "vlbert" not in payload or "task" not in payload:
         raise ValueError(f"{config_path} is not a fine-tuned model config (needs 'vlbert' and 'task')")
     meta = payload["task"]
-    model = FinetuneModel(meta["name"], VLBertModel(VLBertConfig.from_dict(payload["vlbert"])), meta)
-    missing, unexpected = model.load_state_dict(load_safetensors(weights_path), strict=False)
+    with torch.device("meta"):  # every tensor comes from the file: no random init to throw away
+        model = FinetuneModel(meta["name"], VLBertModel(VLBertConfig.from_dict(payload["vlbert"])), meta)
+    missing, unexpected = model.load_state_dict(load_safetensors(weights_path), strict=False, assign=True)
     if missing or unexpected:
         raise ValueError(f"{weights_path} does not match {config_path}: missing {sorted(missing)[:8]}, "
                          f"unexpected {sorted(unexpected)[:8]}")

@@ -45,6 +45,32 @@ def write_lines(path: Path, lines: Iterable[str]) -> int:
     return count
 
 
+# The published BooksCorpus archive (bookcorpus.tar.bz2) holds the corpus as two plain-text members.
+BOOKS_ARCHIVE_MEMBERS = ("books_large_p1.txt", "books_large_p2.txt")
+
+
+def write_books(path: Path, lines: list[str]) -> int:
+    """BooksCorpus, one sentence a line: a plain-text file, or for a path ending in .tar.bz2 the
+    published archive's layout, the lines split in order over its two members."""
+    if not path.name.endswith(".tar.bz2"):
+        return write_lines(path, lines)
+    import io
+    import tarfile
+
+    half = (len(lines) + 1) // 2
+    with atomic_path(path) as tmp:
+        with tarfile.open(tmp, "w:bz2", format=tarfile.PAX_FORMAT) as tar:
+            for name, part in zip(BOOKS_ARCHIVE_MEMBERS, (lines[:half], lines[half:])):
+                for line in part:
+                    if "\n" in line or "\r" in line:
+                        raise ValueError(f"{path}: a BooksCorpus line contains a line break: {line!r}")
+                data = "".join(line + "\n" for line in part).encode("utf-8")
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime, info.mode = len(data), 0, 0o644  # no wall-clock time: byte-stable
+                tar.addfile(info, io.BytesIO(data))
+    return len(lines)
+
+
 def write_cc_tsv(path: Path, rows: Iterable[tuple[str, str]]) -> int:
     """Conceptual Captions layout: `caption<TAB>url`, no header."""
     lines = []

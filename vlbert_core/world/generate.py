@@ -185,7 +185,7 @@ class _World:
             scene = self.scene("books", i)
             lines.append(book_sentence(scene, py_rng(self.seed, "books", i, "text")))
         path = self.path(self.sources["books"])
-        formats.write_lines(path, lines)
+        formats.write_books(path, lines)
         self.counts["books"] = {"sentences": n}
         log.info("books: %d sentences -> %s", n, path)
 

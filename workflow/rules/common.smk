@@ -5,6 +5,8 @@ import functools
 import os
 import sys
 import json
+import re
+from pathlib import Path
 
 from vlbert_core.fingerprint import code_fingerprint
 from vlbert_core.pretrain.launch import Launch
@@ -240,3 +242,41 @@ def report_figure(name):
         caption=f"../report/{name}.rst",
         category="Run report",
     )
+
+
+# ---- Published weights made by the workflow (weights.smk): stand-ins and conversions ----
+
+STAND_INS = config["stand_ins"]
+MANIFEST_STAND_INS = {
+    path: entry for path, entry in STAND_INS.items() if entry["kind"] == "manifest"
+}
+BERT_STAND_INS = {
+    path: entry for path, entry in STAND_INS.items() if entry["kind"] == "bert"
+}
+MANIFEST_DIR = Path(workflow.basedir) / "tests" / "data" / "manifests"
+CONVERSIONS = config["convert"]
+FILE_CONVERSIONS = {
+    path: entry
+    for path, entry in CONVERSIONS.items()
+    if entry["converter"] != "vl-bert"
+}
+VLBERT_CONVERSIONS = {
+    path: entry
+    for path, entry in CONVERSIONS.items()
+    if entry["converter"] == "vl-bert"
+}
+CONVERSION_FILE_KEYS = (
+    "input",
+    "bert_path",
+    "visual_weights",
+)  # entry keys naming files the converter reads
+
+
+def bert_checkpoint_input():
+    """model.bert_path as a job input when rule stand_in_bert makes it (a hand-obtained one is read by the job)."""
+    path = config["model"]["bert_path"]
+    return [path] if path in BERT_STAND_INS else []
+
+
+def conversion_inputs(entry):
+    return {key: entry[key] for key in CONVERSION_FILE_KEYS if entry.get(key)}

@@ -10,6 +10,7 @@ rule pretrain:
         roi_parquets=pretrain_roi_parquets,
         text_shards=pretrain_text_shards,
         detector=DETECTOR_MODEL,  # rois.smk: detector.weights or results/detector/model.pt
+        bert=bert_checkpoint_input(),  # weights.smk: model.bert_path when a rule makes it
     output:
         model="results/pretrain/{setting}/model.safetensors",
         config="results/pretrain/{setting}/config.json",
