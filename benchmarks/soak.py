@@ -84,7 +84,7 @@ def attempt(workdir: Path, config: Path, rng: random.Random, kills: Counter, cap
                 chosen = rng.choice(sorted(pid for pid, r in eligible.items() if kills[r] == least))
                 chosen_at = now + rng.uniform(0.2, 2.5)
         elif now >= chosen_at:
-            if chosen not in jobs:
+            if chosen not in jobs or psutil.Process(chosen).status() == psutil.STATUS_ZOMBIE:
                 chosen = None  # it finished first; pick again
                 continue
             rule = jobs[chosen]
@@ -150,9 +150,10 @@ def main() -> None:
     log = open(args.workdir / "snakemake.log", "a")
 
     started = time.monotonic()
+    reference_note = "the uninterrupted run reused from an earlier invocation"
     if not (reference / TARGET).is_file():
         subprocess.run(snakemake_cmd(reference, args.config), stdout=log, stderr=subprocess.STDOUT, check=True)
-    reference_s = time.monotonic() - started
+        reference_note = f"uninterrupted run {time.monotonic() - started:.0f} s"
 
     kills: Counter = Counter()   # per rule: kills of its jobs, alone or with Snakemake
     cap = 1                       # raised whenever the run gets past every rule killed `cap` times
@@ -183,7 +184,7 @@ def main() -> None:
     lines = [
         f"`uv run python benchmarks/soak.py --kills {args.kills} --seed {args.seed} --write-docs` "
         f"({time.strftime('%Y-%m-%d')}, config {args.config.name}, 2 cores shared with other work): "
-        f"uninterrupted run {reference_s:.0f} s; soaked run {soak_s:.0f} s over {len(events)} Snakemake invocations.",
+        f"{reference_note}; soaked run {soak_s:.0f} s over {len(events)} Snakemake invocations.",
         "",
         f"- **{killed} kills**: {snakemake_kills} of Snakemake's whole process group (then `--unlock` and a re-run "
         f"with `--rerun-incomplete`), {sum(job_kills.values())} of single jobs (then a plain re-run).",
