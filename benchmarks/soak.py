@@ -64,10 +64,12 @@ def running_jobs(root: psutil.Process) -> dict[int, str]:
     return jobs
 
 
-def attempt(workdir: Path, config: Path, rng: random.Random, kills: Counter, cap: int, want_kill: bool, log) -> dict:
+def attempt(workdir: Path, config: Path, rng: random.Random, kills: Counter, cap: int, want_kill: bool, log,
+            only: str | None = None) -> dict:
     """One Snakemake invocation; kill -9 once if `want_kill`, choosing a job of a rule killed fewer than
     `cap` times (fewest first) so that the run moves on and every rule gets its kills. Returns what happened."""
-    proc = subprocess.Popen(snakemake_cmd(workdir, config, "--rerun-incomplete"), stdout=log, stderr=subprocess.STDOUT,
+    extra = ["--forcerun", only] if only and want_kill else []   # make the one rule run again in a finished run
+    proc = subprocess.Popen(snakemake_cmd(workdir, config, "--rerun-incomplete", *extra), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     root = psutil.Process(proc.pid)
     started = time.monotonic()
@@ -78,7 +80,7 @@ def attempt(workdir: Path, config: Path, rng: random.Random, kills: Counter, cap
         now = time.monotonic()
         jobs = running_jobs(root)
         if chosen is None:
-            eligible = {pid: r for pid, r in jobs.items() if kills[r] < cap}
+            eligible = {pid: r for pid, r in jobs.items() if kills[r] < cap and only in (None, r)}
             if eligible:
                 least = min(kills[r] for r in eligible.values())
                 chosen = rng.choice(sorted(pid for pid, r in eligible.items() if kills[r] == least))
@@ -142,6 +144,8 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=REPO / "config" / "ci.yaml")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/vlbert-soak"))
     parser.add_argument("--max-attempts", type=int, default=200)
+    parser.add_argument("--only", metavar="RULE", help="kill only jobs of RULE, re-run with --forcerun RULE in the "
+                        "existing soaked directory (e.g. a rule the random soak did not catch)")
     parser.add_argument("--write-docs", action="store_true", help=f"replace '{SECTION}' in docs/benchmarks.md")
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -161,7 +165,8 @@ def main() -> None:
     events, killed = [], 0
     soak_started = time.monotonic()
     for _ in range(args.max_attempts):
-        event = attempt(soaked, args.config, rng, kills, cap, want_kill=killed < args.kills, log=log)
+        event = attempt(soaked, args.config, rng, kills, cap if not args.only else args.kills,
+                        want_kill=killed < args.kills, log=log, only=args.only)
         if event["victim"] == "snakemake":
             # the README's advice after Snakemake itself was killed: remove the stale lock, then re-run
             subprocess.run(snakemake_cmd(soaked, args.config, "--unlock"), stdout=log, stderr=subprocess.STDOUT, check=True)
@@ -170,7 +175,7 @@ def main() -> None:
         events.append(event)
         print(json.dumps(event), flush=True)
         if event["victim"] is None and event["returncode"] == 0 and (soaked / TARGET).is_file():
-            if killed >= args.kills:
+            if killed >= args.kills or args.only:
                 break
             # finished before enough kills: start over from nothing, allowing one more kill per rule
             cap += 1
