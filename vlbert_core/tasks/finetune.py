@@ -154,8 +154,8 @@ class FinetuneModel(nn.Module):
         # plain attribute, not a submodule: the cache holds no parameters of its own
         self.feature_cache = (None if cfg.tune_frcnn
                               else FrozenRoIFeatureCache(vlbert.visual_network, cfg.appearance_dim))
-        heads = self.task.build_heads(cfg, meta)
-        self.head, self.roi_classifier = heads.head, heads.roi_classifier
+        task_heads = self.task.build_heads(cfg, meta)
+        self.head, self.roi_classifier = task_heads.head, task_heads.roi_classifier
 
     def encode(self, batch, extras: Mapping[str, Any] | None = None) -> VLBertOutput:
         """VL-BERT outputs; the frozen visual network's features come from the cache."""
