@@ -40,7 +40,7 @@ def changed_after(root: Path, relative: str, edit) -> set[str]:
 
 
 def test_editing_the_vqa_head_changes_only_vqa_jobs(tree):
-    changed = changed_after(tree, "vlbert_core/tasks/heads/vqa.py", lambda s: s.replace("inner = 2 * hidden_size", "inner = 3 * hidden_size"))
+    changed = changed_after(tree, "vlbert_core/tasks/modeling/vqa.py", lambda s: s.replace("inner = 2 * hidden_size", "inner = 3 * hidden_size"))
     assert changed == {"finetune_vqa"}
 
 
@@ -62,14 +62,14 @@ def test_editing_the_model_changes_pretraining_and_every_finetune(tree):
 
 def test_comment_and_blank_line_edits_change_nothing(tree):
     changed = changed_after(
-        tree, "vlbert_core/tasks/heads/vqa.py", lambda s: "# a note on the head\n\n" + s.replace("\n\n", "\n\n\n   \n", 1)
+        tree, "vlbert_core/tasks/modeling/vqa.py", lambda s: "# a note on the head\n\n" + s.replace("\n\n", "\n\n\n   \n", 1)
     )
     assert changed == set()
 
 
 def test_relative_and_function_level_imports_are_followed(tree):
     files = {str(p.relative_to(tree)) for p in code_files(tree, "workflow/scripts/finetune.py")}
-    assert {"vlbert_core/tasks/heads/vqa.py", "vlbert_core/tasks/vcr.py", "vlbert_core/tasks/__init__.py",
+    assert {"vlbert_core/tasks/modeling/vqa.py", "vlbert_core/tasks/vcr.py", "vlbert_core/tasks/__init__.py",
             "vlbert_core/model/encoder.py", "workflow/scripts/finetune.py"} <= files
     assert "vlbert_core/data/downloader.py" not in files
     (tree / "vlbert_core" / "tasks" / "lazy.py").write_text("VALUE = 1\n")

@@ -165,7 +165,8 @@ def tokenizer():
 
 def test_vcr_references_take_the_referenced_boxes(tokenizer, tmp_path):
     from vlbert_core.model.inputs import IMG, TEXT
-    from vlbert_core.tasks.samples import ImageLoader, Tokens, VcrData
+    from vlbert_core.tasks.modeling.vcr import VcrData
+    from vlbert_core.tasks.samples import ImageLoader, Tokens
 
     item = vcr_lib.VcrItem(**{k: v for k, v in {
         "annot_id": "x", "img_fn": "m/a.jpg", "metadata_fn": "m/a.json", "objects": ["person", "dog", "car"],
@@ -450,7 +451,8 @@ def test_forward_shared_images_equals_the_plain_forward(world, tokenizer):
 
     from vlbert_core.model import VLBertModel
     from vlbert_core.tasks.finetune import FrozenRoIFeatureCache, forward_shared_images
-    from vlbert_core.tasks.samples import ImageLoader, Tokens, VcrData
+    from vlbert_core.tasks.modeling.vcr import VcrData
+    from vlbert_core.tasks.samples import ImageLoader, Tokens
 
     root, sources = world
     model = VLBertModel.load(root / "pretrained").eval()

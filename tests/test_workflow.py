@@ -144,7 +144,7 @@ def edited_copy(tmp_path: Path, relative: str, edit) -> Path:
 
 
 def test_editing_the_vqa_head_code_reruns_only_vqa_and_tables(ci_run, tmp_path):
-    copy = edited_copy(tmp_path, "vlbert_core/tasks/heads/vqa.py",
+    copy = edited_copy(tmp_path, "vlbert_core/tasks/modeling/vqa.py",
                        lambda s: s.replace("inner = 2 * hidden_size", "inner = 3 * hidden_size"))
     cmd = [sys.executable, "-m", "snakemake", "-s", str(copy / "Snakefile"), "-d", str(ci_run), "-n",
            "--configfile", str(CI_CONFIG), "--cores", "1", TARGET]

@@ -9,7 +9,7 @@ because their inputs change.
 
 Task-specific code is kept apart: the modules a registered task lists as its own
 (`Task.owned_modules`) belong to its family, and a job of another family leaves them out of its
-fingerprint. Editing the VQA head (`tasks/heads/vqa.py`)
+fingerprint. Editing the VQA head or samples (`tasks/modeling/vqa.py`)
 therefore re-runs the VQA fine-tunes and evaluations, not the VCR or RefCOCO+ ones.
 
 Blank lines, whole-line comments and trailing spaces are left out of the hash, so such edits

@@ -67,7 +67,7 @@ class VLBertConfig:
     # the masked-RoI classification head's transform: dense -> act -> LayerNorm (ours, as BERT's MLM head)
     # or dense -> act (released VisualLinguisticBertMVRCHeadTransform)
     roi_cls_layer_norm: bool = True
-    # task heads' layer structure: "project" (tasks/heads/*, this project's) or "released" (the authors'
+    # task heads' layer structure: "project" (tasks/modeling/*, this project's) or "released" (the authors'
     # VQA 'mlm' classifier, RefCOCO+ MVRC-transform head, VCR pooler + 1fc head)
     task_heads: str = "project"
     bert_path: str = ""              # spec the weights/vocab came from

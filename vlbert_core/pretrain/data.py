@@ -34,11 +34,11 @@ from PIL import Image
 from vlbert_core.model import VLBertBatch, build_input_sequence, collate_samples, image_to_tensor
 from vlbert_core.detector.pixels import DEFAULT_PIXEL_FORMAT
 from vlbert_core.model.batch import fit_image
-from vlbert_core.model.inputs import boxes_with_whole_image
+from vlbert_core.model.inputs import IGNORE_INDEX, boxes_with_whole_image
 from vlbert_core.rois import RoIRecord, read_rois
 from vlbert_core.utils import get_logger
 
-from .masking import IGNORE_INDEX, MaskingVocab, mask_rois, whole_word_mask
+from .masking import MaskingVocab, mask_rois, whole_word_mask
 from .settings import PretrainSetting
 
 log = get_logger(__name__)

@@ -7,9 +7,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlbert_core.model import IMG, PretrainingHeads, VLBertModel
+from vlbert_core.model.inputs import IGNORE_INDEX
 
 from .data import PretrainBatch
-from .masking import IGNORE_INDEX
 from .settings import PretrainSetting
 
 

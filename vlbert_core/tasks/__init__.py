@@ -6,8 +6,9 @@ Modules:
   handling, the official metrics, and the task's `Task` class (torch-free at import, so
   `workflow/scripts/vcr_q2ar.py` and the scoring can use them without torch).
 - `common`: task image loading/resizing and the task RoI parquet reader (torch-free).
-- `samples`: turns loaded records into model-ready samples and batches (torch).
-- `heads`: the task heads and their losses.
+- `samples`: what every task's model-ready samples and batches share (torch).
+- `modeling`: one module per task with its samples and heads (torch), reached through
+  `base.model_side`.
 - `finetune`: one training loop for all tasks; `evaluate`: prediction; `scoring`: the metrics.
 
 This package's `__init__` imports nothing heavy on purpose.

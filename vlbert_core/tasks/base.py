@@ -109,12 +109,12 @@ class Task:
 
 
 def model_side(module: str, name: str):
-    """`name` from the torch-side module `vlbert_core.tasks.<module>` (`samples`, `heads.vqa`).
+    """`name` from the torch-side module `vlbert_core.tasks.<module>` (`samples`, `modeling.vqa`).
 
     A task module reaches its samples and heads through this, not an import statement, on purpose:
     the scoring jobs import every task module for its metric, and their code fingerprint
     (`vlbert_core.fingerprint`, which follows import statements) must not cover the model. The
-    fine-tune and prediction code imports `samples` and `heads` itself, so its fingerprint does.
+    fine-tune and prediction code imports `samples` and `modeling` itself, so its fingerprint does.
     """
     return getattr(import_module(f"{__package__}.{module}"), name)
 

@@ -33,7 +33,7 @@ from vlbert_core.optim import (OptimizerSettings, build_optimizer, build_schedul
                                warmup_step_decay)
 from vlbert_core.utils import atomic_path, get_logger, load_safetensors, save_safetensors, seed_everything
 
-from . import heads  # noqa: F401  (the task heads: see tasks.base.model_side)
+from . import modeling  # noqa: F401  (the tasks' samples and heads: see tasks.base.model_side)
 from .base import Task
 from .registry import get_task
 from .samples import ImageLoader, Tokens, iterate_batches

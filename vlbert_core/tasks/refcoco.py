@@ -253,13 +253,13 @@ class RefcocoTask(Task):
     metric = "accuracy@0.5"
     eval_splits = ("val", "testA", "testB")
     roi_dataset = "refcoco"
-    owned_modules = ("tasks/refcoco.py", "tasks/heads/refcoco.py")
+    owned_modules = ("tasks/refcoco.py", "tasks/modeling/refcoco.py")
     TRACKS = {"refcoco_gt": "gt", "refcoco_det": "det"}
 
     def build_data(self, split, meta, *, sources, tokens, images, max_rois, max_text_len, rois,
                    rois_source, eval_task=None, max_examples=None):
         ConcatData = model_side("samples", "ConcatData")
-        RefcocoSamples = model_side("samples", "RefcocoSamples")
+        RefcocoSamples = model_side("modeling.refcoco", "RefcocoSamples")
 
         data = load_refcoco(sources["refs"], sources["instances"], split)
         if max_examples:
@@ -275,12 +275,12 @@ class RefcocoTask(Task):
         return refcoco_image_paths(sources["refs"], sources["instances"], sources["images"], split)
 
     def build_heads(self, config, meta):
-        RefCOCOHead = model_side("heads.refcoco", "RefCOCOHead")
+        RefCOCOHead = model_side("modeling.refcoco", "RefCOCOHead")
 
         return TaskHeads(RefCOCOHead(config.hidden_size, config.hidden_dropout_prob, layout=config.task_heads))
 
     def loss(self, model, out, extras, meta):
-        RefCOCOHead = model_side("heads.refcoco", "RefCOCOHead")
+        RefCOCOHead = model_side("modeling.refcoco", "RefCOCOHead")
 
         loss = RefCOCOHead.loss(out["logits"], extras["labels"], extras["candidate"])
         chosen = RefCOCOHead.predict(out["logits"], extras["candidate"])

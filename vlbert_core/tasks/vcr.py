@@ -357,7 +357,7 @@ class VcrTask(Task):
     dataset = "vcr"
     metric = "accuracy"
     rows_per_image = NUM_CANDIDATES
-    owned_modules = ("tasks/vcr.py", "tasks/heads/vcr.py")
+    owned_modules = ("tasks/vcr.py", "tasks/modeling/vcr.py")
 
     def prepare(self, meta, hparams, sources):
         items = load_vcr(split_path(sources["annotations"], self.train_split))
@@ -366,7 +366,7 @@ class VcrTask(Task):
 
     def build_data(self, split, meta, *, sources, tokens, images, max_rois, max_text_len, rois,
                    rois_source, eval_task=None, max_examples=None):
-        VcrData = model_side("samples", "VcrData")
+        VcrData = model_side("modeling.vcr", "VcrData")
 
         items = load_vcr(split_path(sources["annotations"], split))
         items = items[:max_examples] if max_examples else items
@@ -379,8 +379,8 @@ class VcrTask(Task):
                      "took the whole-image feature", data.dropped_references, meta["max_rois"])
 
     def build_heads(self, config, meta):
-        VCRHead = model_side("heads.vcr", "VCRHead")
-        VCRRoIClassifier = model_side("heads.vcr", "VCRRoIClassifier")
+        VCRHead = model_side("modeling.vcr", "VCRHead")
+        VCRRoIClassifier = model_side("modeling.vcr", "VCRRoIClassifier")
 
         dropout, layout = config.hidden_dropout_prob, config.task_heads
         return TaskHeads(VCRHead(config.hidden_size, dropout, layout=layout),
@@ -393,8 +393,8 @@ class VcrTask(Task):
         return result
 
     def loss(self, model, out, extras, meta):
-        VCRHead = model_side("heads.vcr", "VCRHead")
-        VCRRoIClassifier = model_side("heads.vcr", "VCRRoIClassifier")
+        VCRHead = model_side("modeling.vcr", "VCRHead")
+        VCRRoIClassifier = model_side("modeling.vcr", "VCRRoIClassifier")
 
         answer_loss = VCRHead.loss(out["scores"], extras["label"])
         roi_loss = VCRRoIClassifier.loss(out["roi_logits"], extras["box_classes"])

@@ -437,7 +437,7 @@ class VqaTask(Task):
     metric = "vqa_accuracy"
     roi_dataset = "vqa"
     required_hparams = ("num_answers",)
-    owned_modules = ("tasks/vqa.py", "tasks/heads/vqa.py")
+    owned_modules = ("tasks/vqa.py", "tasks/modeling/vqa.py")
 
     def prepare(self, meta, hparams, sources):
         train_questions = load_vqa(split_path(sources["questions"], self.train_split),
@@ -446,7 +446,7 @@ class VqaTask(Task):
 
     def build_data(self, split, meta, *, sources, tokens, images, max_rois, max_text_len, rois,
                    rois_source, eval_task=None, max_examples=None):
-        VqaData = model_side("samples", "VqaData")
+        VqaData = model_side("modeling.vqa", "VqaData")
 
         questions = load_vqa(split_path(sources["questions"], split), split_path(sources["annotations"], split))
         questions = questions[:max_examples] if max_examples else questions
@@ -459,7 +459,7 @@ class VqaTask(Task):
         return vqa_image_paths(split_path(sources["questions"], split), split_path(sources["images"], split))
 
     def build_heads(self, config, meta):
-        VQAHead = model_side("heads.vqa", "VQAHead")
+        VQAHead = model_side("modeling.vqa", "VQAHead")
 
         return TaskHeads(VQAHead(config.hidden_size, len(meta["answers"]), meta["mask_id"],
                                  config.hidden_dropout_prob, config.layer_norm_eps, layout=config.task_heads))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vlbert_core.model.inputs import IGNORE_INDEX, IMG  # noqa: F401  (IGNORE_INDEX: the heads' label convention)
+from vlbert_core.model.inputs import IMG
 
 
 def cls_output(sequence_output: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,7 @@
-"""Task heads on top of `VLBertModel` outputs, and their losses: one module per task, so that an
-edit of one task's head re-runs only that task's fine-tunes (see vlbert_core/fingerprint.py).
+"""The torch side of each task: its samples (records -> model-ready batches) and its heads on top of
+`VLBertModel` outputs. One module per task, so that an edit of one task's samples or head re-runs only
+that task's fine-tunes (see vlbert_core/fingerprint.py); what every task's samples share is in
+`tasks/samples.py`.
 
 Every head takes the model's `VLBertOutput` and the `VLBertBatch` it came from:
 - `vqa.VQAHead`: the `[MASK]` output -> Linear-GELU-LayerNorm-Linear -> one logit per answer; BCE
@@ -11,6 +13,6 @@ Every head takes the model's `VLBertOutput` and the `VLBertBatch` it came from:
 - `common`: picking the `[CLS]`, `[MASK]` and `[IMG]` outputs, and the initialisation.
 """
 
-# every task's head module: the fine-tune code imports this package, so that its code fingerprint
-# covers the heads the task modules reach through `tasks.base.model_side`
+# every task's module: the fine-tune code imports this package, so that its code fingerprint
+# covers the samples and heads the task modules reach through `tasks.base.model_side`
 from . import refcoco, vcr, vqa  # noqa: F401,E402

@@ -1,0 +1,117 @@
+"""RefCOCO+ on VL-BERT: the samples <Query, Image> with one binary target per candidate box, and the
+head (one binary score per RoI)."""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlbert_core.model.batch import VLBertBatch, collate_samples
+from vlbert_core.model.initialization import init_new_parameters
+
+from ..common import rois_for_key
+from ..refcoco import POSITIVE_IOU, RefcocoData, box_iou
+from ..samples import ImageLoader, Tokens, image_and_boxes, truncate_pair
+from .common import HeadTransform, check_layout, roi_outputs
+
+
+class RefCOCOHead(nn.Module):
+    """layout "project": Dropout-Linear-ReLU-Dropout-Linear; layout "released": the authors' final MLP,
+    the MVRC head transform (Linear(h, h)-GELU) -> Dropout -> Linear(h, 1)."""
+
+    def __init__(self, hidden_size: int, dropout: float = 0.1, layout: str = "project"):
+        super().__init__()
+        check_layout(layout)
+        if layout == "released":
+            self.mlp = nn.Sequential(OrderedDict([
+                ("transform", HeadTransform(hidden_size, layer_norm_eps=None)),
+                ("dropout", nn.Dropout(dropout)), ("linear", nn.Linear(hidden_size, 1))]))
+        else:
+            self.mlp = nn.Sequential(nn.Dropout(dropout), nn.Linear(hidden_size, hidden_size), nn.ReLU(),
+                                     nn.Dropout(dropout), nn.Linear(hidden_size, 1))
+        init_new_parameters(self)
+
+    def forward(self, output, batch) -> torch.Tensor:
+        """[B, R] logits; box slots that are not candidates are left to the caller's mask."""
+        rois = roi_outputs(output.sequence_output, batch.element_kind, batch.roi_index,
+                           batch.boxes.shape[1])
+        return self.mlp(rois).squeeze(-1)
+
+    @staticmethod
+    def loss(logits: torch.Tensor, labels: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
+        """BCE over candidate boxes only (box 0, the whole image, and padding are not candidates)."""
+        return F.binary_cross_entropy_with_logits(logits[candidate], labels[candidate])
+
+    @staticmethod
+    def predict(logits: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
+        """[B] index of the best-scoring candidate box."""
+        return logits.masked_fill(~candidate, float("-inf")).argmax(dim=1)
+
+
+class RefcocoSamples:
+    """<Query, Image> with one binary target per candidate box (IoU > 0.5 with the referred box).
+
+    Track `gt`: every instance box of the image; track `det`: the detected RoIs of the image.
+    """
+
+    def __init__(self, data: RefcocoData, track: str, images_dir: str | os.PathLike, tokens: Tokens,
+                 *, max_rois: int, max_text_len: int, images: ImageLoader,
+                 rois: dict | None = None, rois_source: str = ""):
+        if track not in ("gt", "det"):
+            raise ValueError(f"unknown RefCOCO+ track {track!r} (expected 'gt' or 'det')")
+        if track == "det" and rois is None:
+            raise ValueError("the detected-regions track needs the RoI records")
+        self.data, self.track = data, track
+        self.images_dir = Path(images_dir)
+        self.tokens, self.images = tokens, images
+        self.max_rois, self.max_text_len = int(max_rois), int(max_text_len)
+        self.candidates: dict[int, np.ndarray] = {}
+        for expr in data.expressions:
+            if expr.image_id in self.candidates:
+                continue
+            if track == "gt":
+                boxes = data.image_boxes[expr.image_id]
+            else:
+                boxes = rois_for_key(rois, expr.image_key, rois_source).boxes
+            if len(boxes) == 0:
+                raise ValueError(f"RefCOCO+ {track} track: image {expr.image_key} has no candidate box")
+            self.candidates[expr.image_id] = np.asarray(boxes, dtype=np.float32)[: self.max_rois - 1]
+
+    def __len__(self) -> int:
+        return len(self.data.expressions)
+
+    def sample(self, i: int) -> dict:
+        expr = self.data.expressions[i]
+        candidates = self.candidates[expr.image_id]
+        image, boxes = image_and_boxes(
+            self.images, self.images_dir / self.data.image_files[expr.image_id], candidates,
+            self.max_rois, (expr.image_w, expr.image_h),
+            f"RefCOCO+ image {expr.image_key}")
+        ids, _ = truncate_pair(self.tokens.ids(expr.sentence), None, self.max_text_len - 2)
+        labels = torch.zeros(len(boxes))
+        labels[1:] = torch.from_numpy((box_iou(candidates, expr.gt_box)[:, 0] > POSITIVE_IOU)
+                                      .astype(np.float32))
+        candidate = torch.ones(len(boxes), dtype=torch.bool)
+        candidate[0] = False
+        return {"sequence": self.tokens.sequence(ids, None, len(boxes)), "image": image,
+                "boxes": boxes, "labels": labels, "candidate": candidate, "index": i,
+                "image_key": f"{expr.image_key}/{self.track}"}
+
+    def collate(self, samples: list[dict]) -> tuple[VLBertBatch, dict]:
+        batch = collate_samples(samples)
+        num_boxes = batch.boxes.shape[1]
+        labels = torch.zeros(len(samples), num_boxes)
+        candidate = torch.zeros(len(samples), num_boxes, dtype=torch.bool)
+        for row, s in enumerate(samples):
+            labels[row, : len(s["labels"])] = s["labels"]
+            candidate[row, : len(s["candidate"])] = s["candidate"]
+        return batch, {"labels": labels, "candidate": candidate,
+                       "index": [s["index"] for s in samples],
+                       "image_keys": [s["image_key"] for s in samples]}
