@@ -99,6 +99,32 @@ class Task:
         """The prediction rows of one batch (CPU scores), in the format `score` reads."""
         raise NotImplementedError
 
+    # ---- a user's queries (python -m vlbert_core.predict, docs/predict.md) -------------------------
+
+    def query_needs_rois(self, query: Mapping[str, Any]) -> bool:
+        """Whether the query's image needs the detector's RoIs (`rois` of `query_data`)."""
+        return self.roi_dataset is not None
+
+    def queries_from_file(self, path: str | Path, *, key: str | None = None,
+                          images_dir: str | Path | None = None) -> list[dict]:
+        """Queries read from a file in the dataset's own annotation format (`key`: one of its ids)."""
+        raise NotImplementedError(f"task {self.name} reads no queries from annotation files; "
+                                  f"give --image and --text")
+
+    def query_data(self, queries: list[dict], meta: Mapping[str, Any], *, tokens, images, max_rois: int,
+                   max_text_len: int, rois: dict, rois_source: str, workdir: Path):
+        """The samples of a user's queries, of the class `build_data` returns (so the model sees what
+        the evaluation gives it). Each query holds the user's fields (`text`, ...) and those the
+        predict API adds: `image_path` (a local file), `image_key`, `image_w`, `image_h`. Text that
+        does not fit `max_text_len` is an error (`check_text_fits`), never truncated. `workdir`: a
+        scratch directory for files the samples read, kept while the prediction runs."""
+        raise NotImplementedError(f"task {self.name} does not answer a user's queries")
+
+    def query_results(self, model, data, indices: list[int], out: dict, extras: Mapping[str, Any],
+                      meta: Mapping[str, Any], top_k: int) -> list[dict]:
+        """What the model answers to each query of one batch (CPU scores), JSON-able."""
+        raise NotImplementedError(f"task {self.name} does not answer a user's queries")
+
     # ---- metric ----------------------------------------------------------------------------------
 
     def score(self, eval_task: str, split: str, rows: list[dict], sources: Mapping[str, str],
@@ -136,3 +162,18 @@ def check_prediction_ids(predicted: list, expected: list, what: str, where: str)
     if missing or extra:
         raise ValueError(f"{where}: predictions do not match the split: {len(missing)} {what}s "
                          f"missing (e.g. {missing[:3]}), {len(extra)} unknown (e.g. {extra[:3]})")
+
+
+def query_text(query: Mapping[str, Any], index: int, what: str) -> str:
+    """The non-empty `text` of query #index, or an error naming the query and `what` it should be."""
+    text = query.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"query #{index}: needs a non-empty text ({what}), got {text!r}")
+    return text
+
+
+def check_text_fits(num_pieces: int, max_pieces: int, max_text_len: int, where: str) -> None:
+    """A query's text must fit the model's length: the evaluation truncates, a user's query is refused."""
+    if num_pieces > max_pieces:
+        raise ValueError(f"{where} is {num_pieces} word pieces; the model takes at most {max_pieces} "
+                         f"(max_text_len {max_text_len} less its special tokens): shorten it")

@@ -28,7 +28,7 @@ from .samples import ImageLoader, Tokens, iterate_batches
 log = get_logger(__name__)
 
 
-def _predict(model: FinetuneModel, data, batch_size: int, device: str, desc: str):
+def predict_batches(model: FinetuneModel, data, batch_size: int, device: str, desc: str):
     """Yield (indices, scores dict on CPU, extras) batch by batch, without gradients."""
     model.eval()
     with torch.no_grad():
@@ -76,7 +76,7 @@ def predict_splits(model_dir: str | os.PathLike, targets: list[tuple[str, str]],
         if len(data) == 0:
             raise ValueError(f"{eval_task} split {split}: no examples to predict")
         rows = []
-        for indices, out, extras in _predict(model, data, batch_size, device, f"predict {eval_task}"):
+        for indices, out, extras in predict_batches(model, data, batch_size, device, f"predict {eval_task}"):
             rows.extend(task.prediction_rows(model, data, indices, out, extras, meta, eval_task))
         bundle[f"{eval_task}/{split}"] = rows
         log.info("%s %s: %d predictions", eval_task, split, len(rows))

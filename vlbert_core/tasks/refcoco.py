@@ -21,7 +21,7 @@ import numpy as np
 from vlbert_core.utils import get_logger
 from vlbert_core.safe_pickle import UnsafePickleError, load_pickle
 
-from .base import Task, TaskHeads, TaskLoss, check_prediction_ids, model_side
+from .base import Task, TaskHeads, TaskLoss, check_prediction_ids, check_text_fits, model_side, query_text
 
 log = get_logger(__name__)
 
@@ -71,7 +71,7 @@ class RefExpression:
     image_key: str  # file stem of the COCO image
     image_w: int
     image_h: int
-    gt_box: np.ndarray  # 4, x1,y1,x2,y2 in original pixels
+    gt_box: np.ndarray | None  # 4, x1,y1,x2,y2 in original pixels; None for a user's query
 
 
 @dataclass
@@ -296,6 +296,53 @@ class RefcocoTask(Task):
             rows.append({"ref_id": expr.ref_id, "sent_id": expr.sent_id, "image_id": expr.image_id,
                          "box": [round(float(v), 2) for v in box]})
         return rows
+
+    def query_needs_rois(self, query):
+        return query.get("boxes") is None  # the user's own candidate boxes take the ground-truth track
+
+    def query_data(self, queries, meta, *, tokens, images, max_rois, max_text_len, rois, rois_source, workdir):
+        RefcocoSamples = model_side("modeling.refcoco", "RefcocoSamples")
+
+        tracks = {"det" if self.query_needs_rois(q) else "gt" for q in queries}
+        if len(tracks) > 1:
+            raise ValueError("RefCOCO+ queries: give candidate boxes for every query or for none "
+                             "(then the detector's RoIs are the candidates)")
+        expressions, image_boxes, image_files = [], {}, {}
+        for i, query in enumerate(queries):
+            text = query_text(query, i, "the referring expression")
+            check_text_fits(len(tokens.ids(text)), max_text_len - RefcocoSamples.SPECIAL_TOKENS, max_text_len,
+                            f"query #{i}: the expression")
+            expressions.append(RefExpression(
+                ref_id=i, sent_id=i, ann_id=-1, image_id=i, split="query", sentence=text, category_id=0,
+                image_key=query["image_key"], image_w=int(query["image_w"]), image_h=int(query["image_h"]),
+                gt_box=None))
+            image_files[i] = str(query["image_path"])
+            if query.get("boxes") is not None:
+                boxes = check_predicted_boxes(query["boxes"], f"query #{i} candidate boxes")
+                if len(boxes) == 0:
+                    raise ValueError(f"query #{i}: the candidate box list is empty")
+                image_boxes[i] = boxes.astype(np.float32)
+        data = RefcocoData(expressions=expressions, image_boxes=image_boxes,
+                           image_ann_ids={i: [] for i in image_boxes}, image_files=image_files)
+        # image_files are local paths, absolute or relative to the working directory
+        return RefcocoSamples(data, tracks.pop(), ".", tokens, max_rois=max_rois, max_text_len=max_text_len,
+                              images=images, rois=rois, rois_source=rois_source)
+
+    def query_results(self, model, data, indices, out, extras, meta, top_k):
+        import torch
+
+        # ranked by logit as the head's `predict` chooses (a sigmoid can round two logits to 1.0)
+        logits = out["logits"].masked_fill(~extras["candidate"], float("-inf"))
+        scores = torch.sigmoid(out["logits"])
+        results = []
+        for row, i in enumerate(indices):
+            candidates = data.candidates[data.data.expressions[i].image_id]
+            order = logits[row].argsort(descending=True, stable=True)[: min(int(top_k), len(candidates))]
+            ranked = [{"box": [round(float(v), 2) for v in candidates[k - 1]],  # box 0 is the whole image
+                       "score": round(float(scores[row, k]), 6)} for k in order.tolist()]
+            results.append({"box": ranked[0]["box"], "score": ranked[0]["score"], "track": data.track,
+                            "num_candidates": len(candidates), "top": ranked})
+        return results
 
     def score(self, eval_task, split, rows, sources, where):
         return score_refcoco(rows, sources["refs"], sources["instances"], split, where)

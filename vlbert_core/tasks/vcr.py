@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
@@ -22,7 +23,7 @@ import numpy as np
 
 from vlbert_core.utils import get_logger
 
-from .base import Task, TaskHeads, TaskLoss, check_prediction_ids, model_side, split_path
+from .base import Task, TaskHeads, TaskLoss, check_prediction_ids, check_text_fits, model_side, split_path
 
 log = get_logger(__name__)
 
@@ -68,6 +69,37 @@ def _check_tokens(tokens, num_objects: int, where: str) -> list:
     return tokens
 
 
+def vcr_item_from_row(row: dict, where: str) -> VcrItem:
+    """One row of a VCR jsonl file, validated (references in range, 4 choices, labels 0..3)."""
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    try:
+        objects = [str(o) for o in row["objects"]]
+        annot_id = str(row["annot_id"])
+        item = VcrItem(
+            annot_id=annot_id, img_fn=str(row["img_fn"]),
+            metadata_fn=str(row["metadata_fn"]), objects=objects,
+            question=_check_tokens(row["question"], len(objects), f"{where} question"),
+            answer_choices=[_check_tokens(c, len(objects), f"{where} answer {k}")
+                            for k, c in enumerate(row["answer_choices"])],
+            rationale_choices=[_check_tokens(c, len(objects), f"{where} rationale {k}")
+                               for k, c in enumerate(row["rationale_choices"])],
+            answer_label=row.get("answer_label"),
+            rationale_label=row.get("rationale_label"))
+    except KeyError as exc:
+        raise ValueError(f"{where}: missing field {exc}") from exc
+    for name, choices in (("answer_choices", item.answer_choices),
+                          ("rationale_choices", item.rationale_choices)):
+        if len(choices) != NUM_CANDIDATES:
+            raise ValueError(f"{where}: {name} has {len(choices)} entries, "
+                             f"expected {NUM_CANDIDATES}")
+    for name in ("answer_label", "rationale_label"):
+        label = getattr(item, name)
+        if label is not None and label not in range(NUM_CANDIDATES):
+            raise ValueError(f"{where}: {name} {label!r} is not in 0..3")
+    return item
+
+
 def load_vcr(jsonl_path: str | os.PathLike) -> list[VcrItem]:
     """All rows of a VCR jsonl file, validated (references in range, 4 choices, labels 0..3).
 
@@ -87,30 +119,8 @@ def load_vcr(jsonl_path: str | os.PathLike) -> list[VcrItem]:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{where}: not valid JSON: {exc}") from exc
-            try:
-                objects = [str(o) for o in row["objects"]]
-                annot_id = str(row["annot_id"])
-                item = VcrItem(
-                    annot_id=annot_id, img_fn=str(row["img_fn"]),
-                    metadata_fn=str(row["metadata_fn"]), objects=objects,
-                    question=_check_tokens(row["question"], len(objects), f"{where} question"),
-                    answer_choices=[_check_tokens(c, len(objects), f"{where} answer {k}")
-                                    for k, c in enumerate(row["answer_choices"])],
-                    rationale_choices=[_check_tokens(c, len(objects), f"{where} rationale {k}")
-                                       for k, c in enumerate(row["rationale_choices"])],
-                    answer_label=row.get("answer_label"),
-                    rationale_label=row.get("rationale_label"))
-            except KeyError as exc:
-                raise ValueError(f"{where}: missing field {exc}") from exc
-            for name, choices in (("answer_choices", item.answer_choices),
-                                  ("rationale_choices", item.rationale_choices)):
-                if len(choices) != NUM_CANDIDATES:
-                    raise ValueError(f"{where}: {name} has {len(choices)} entries, "
-                                     f"expected {NUM_CANDIDATES}")
-            for name in ("answer_label", "rationale_label"):
-                label = getattr(item, name)
-                if label is not None and label not in range(NUM_CANDIDATES):
-                    raise ValueError(f"{where}: {name} {label!r} is not in 0..3")
+            item = vcr_item_from_row(row, where)
+            annot_id = item.annot_id
             if annot_id in seen:
                 raise ValueError(f"{where}: duplicate annot_id {annot_id!r}")
             seen.add(annot_id)
@@ -322,6 +332,49 @@ def write_q2ar_json(q2a_path: str | os.PathLike, qa2r_path: str | os.PathLike,
     return result
 
 
+_REFERENCE = re.compile(r"\[\s*(\d+(?:\s*,\s*\d+)*)\s*\]")
+
+
+def parse_references(text, num_objects: int, where: str) -> list:
+    """A user's text -> VCR mixed tokens: `[0]` or `[0,2]` refer to objects by index, the rest are
+    words. "Why is [0] smiling ?" -> ["Why", "is", [0], "smiling", "?"]. A token list in VCR's own
+    format is checked and kept."""
+    if isinstance(text, list):
+        return _check_tokens(text, num_objects, where)
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{where}: expected a text or a VCR token list, got {text!r}")
+    tokens: list = []
+    for k, part in enumerate(_REFERENCE.split(text)):
+        if k % 2:
+            tokens.append([int(i) for i in part.split(",")])
+        else:
+            tokens.extend(part.split())
+    return _check_tokens(tokens, num_objects, where)
+
+
+def write_query_metadata(path: Path, objects: list, width: int, height: int, where: str) -> list[str]:
+    """The VCR metadata file of a user's objects ([{"name", "box": [x1, y1, x2, y2]}], in original
+    pixels); returns their names."""
+    if not isinstance(objects, list) or not objects:
+        raise ValueError(f"{where}: needs objects [{{'name', 'box': [x1, y1, x2, y2]}}, ...] or a "
+                         f"VCR metadata file, got {objects!r}")
+    rows, names = [], []
+    for k, obj in enumerate(objects):
+        box = obj.get("box") if isinstance(obj, dict) else None
+        name = obj.get("name") if isinstance(obj, dict) else None
+        try:
+            x1, y1, x2, y2 = (float(v) for v in box)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: object #{k} {obj!r} needs a name and a box [x1, y1, x2, y2]") from None
+        if not isinstance(name, str) or not name.strip() or not (0 <= x1 <= x2 and 0 <= y1 <= y2):
+            raise ValueError(f"{where}: object #{k} {obj!r} needs a name and a box x1 <= x2, y1 <= y2 "
+                             f"inside the {width}x{height} image")
+        rows.append([x1, y1, x2, y2, 1.0])
+        names.append(name.strip())
+    path.write_text(json.dumps({"boxes": rows, "names": names, "width": int(width), "height": int(height)}))
+    return names
+
+
 def build_object_vocab(items: Sequence[VcrItem]) -> list[str]:
     """Sorted object names of the training questions: the classes of the auxiliary RoI loss."""
     names = sorted({name for item in items for name in item.objects})
@@ -415,6 +468,95 @@ class VcrTask(Task):
             rows.append({"annot_id": data.items[i].annot_id, "prediction": int(choice),
                          "probabilities": [round(float(p), 6) for p in probs]})
         return rows
+
+    def queries_from_file(self, path, *, key=None, images_dir=None):
+        path = Path(path)
+        text = path.read_text() if path.is_file() else ""
+        try:  # one VCR row written as a (possibly pretty-printed) JSON object
+            row = json.loads(text)
+        except json.JSONDecodeError:
+            row = None
+        if isinstance(row, dict):
+            items = [vcr_item_from_row(row, f"VCR question file {path}")]
+        else:
+            items = load_vcr(path)
+        if key is not None:
+            items = [it for it in items if it.annot_id == str(key)]
+            if not items:
+                raise ValueError(f"VCR file {path} has no question with annot_id {key!r}")
+        images_dir = Path(images_dir) if images_dir is not None else path.parent
+        queries = []
+        for item in items:
+            image, metadata = images_dir / item.img_fn, images_dir / item.metadata_fn
+            if not image.is_file() or not metadata.is_file():
+                raise FileNotFoundError(f"VCR annot_id {item.annot_id}: {image} or {metadata} does not exist; "
+                                        f"--images-dir names the folder img_fn and metadata_fn are relative to")
+            check_metadata_matches(item, load_vcr_metadata(metadata), str(metadata))
+            query = {"annot_id": item.annot_id, "image": str(image), "metadata": str(metadata),
+                     "text": item.question}
+            if self.mode == "q2a":
+                query["choices"] = item.answer_choices
+            else:
+                if item.answer_label is None:
+                    raise ValueError(f"VCR annot_id {item.annot_id} in {path}: QA->R is conditioned on the "
+                                     f"right answer, and the question has no answer_label")
+                query.update(answer=item.answer_choices[item.answer_label], choices=item.rationale_choices)
+            queries.append(query)
+        return queries
+
+    def query_data(self, queries, meta, *, tokens, images, max_rois, max_text_len, rois, rois_source, workdir):
+        VcrData = model_side("modeling.vcr", "VcrData")
+
+        items = []
+        for i, query in enumerate(queries):
+            where = f"query #{i}"
+            if query.get("metadata"):
+                names = load_vcr_metadata(query["metadata"]).names
+                metadata = Path(query["metadata"])
+            else:
+                metadata = Path(workdir) / f"query{i}.json"
+                names = write_query_metadata(metadata, query.get("objects"), query["image_w"], query["image_h"],
+                                             where)
+            question = parse_references(query.get("text"), len(names), f"{where} question")
+            choices = query.get("choices")
+            if not isinstance(choices, list) or len(choices) != NUM_CANDIDATES:
+                what = "answers" if self.mode == "q2a" else "rationales"
+                raise ValueError(f"{where}: needs {NUM_CANDIDATES} candidate {what}, got {choices!r}")
+            choices = [parse_references(c, len(names), f"{where} choice {k}") for k, c in enumerate(choices)]
+            item = VcrItem(annot_id=str(query.get("annot_id", i)), img_fn=str(query["image_path"]),
+                           metadata_fn=str(metadata), objects=names, question=question,
+                           answer_choices=choices, rationale_choices=[], answer_label=None, rationale_label=None)
+            if self.mode == "qa2r":
+                if query.get("answer") is None:
+                    raise ValueError(f"{where}: a QA->R model ranks rationales for a question and its answer; "
+                                     f"give the answer")
+                # the one given answer is the one the rationales are ranked for
+                answer = parse_references(query["answer"], len(names), f"{where} answer")
+                item.answer_choices, item.answer_label, item.rationale_choices = [answer], 0, choices
+            text_a, candidates = candidate_texts(item, self.mode)
+            ids_a, _ = tokenize_with_refs(tokens.tokenizer, text_a, names)
+            for k, text_b in enumerate(candidates):
+                ids_b, _ = tokenize_with_refs(tokens.tokenizer, text_b, names)
+                check_text_fits(len(ids_a) + len(ids_b), max_text_len - VcrData.SPECIAL_TOKENS, max_text_len,
+                                f"{where}: the question and choice {k}")
+            items.append(item)
+        # img_fn and metadata_fn are local paths, absolute or relative to the working directory
+        return VcrData(items, self.mode, ".", tokens, meta.get("object_names") or [], max_rois=max_rois,
+                       max_text_len=max_text_len, images=images, with_labels=False)
+
+    def query_results(self, model, data, indices, out, extras, meta, top_k):
+        import torch
+
+        probabilities = torch.softmax(out["scores"], dim=1)
+        results = []
+        for row, i in enumerate(indices):
+            item = data.items[i]
+            _, candidates = candidate_texts(item, self.mode)
+            order = out["scores"][row].argsort(descending=True, stable=True).tolist()  # argmax first
+            results.append({"mode": self.mode, "choice": order[0],
+                            "ranking": [{"choice": k, "text": words_to_text(candidates[k], item.objects),
+                                         "probability": round(float(probabilities[row, k]), 6)} for k in order]})
+        return results
 
     def score(self, eval_task, split, rows, sources, where):
         return score_vcr(rows, split_path(sources["annotations"], split), self.mode, where)

@@ -33,7 +33,8 @@ from typing import Sequence
 
 from vlbert_core.utils import get_logger
 
-from .base import Task, TaskHeads, TaskLoss, check_prediction_ids, model_side, split_path
+from .base import (Task, TaskHeads, TaskLoss, check_prediction_ids, check_text_fits, model_side, query_text,
+                   split_path)
 
 log = get_logger(__name__)
 
@@ -477,6 +478,31 @@ class VqaTask(Task):
             question, _ = data.questions[i]
             rows.append({"question_id": question.question_id, "answer": meta["answers"][answer_index]})
         return rows
+
+    def query_data(self, queries, meta, *, tokens, images, max_rois, max_text_len, rois, rois_source, workdir):
+        VqaData = model_side("modeling.vqa", "VqaData")
+
+        questions = []
+        for i, query in enumerate(queries):
+            text = query_text(query, i, "the question")
+            check_text_fits(len(tokens.ids(text)), max_text_len - VqaData.SPECIAL_TOKENS, max_text_len,
+                            f"query #{i}: the question")
+            questions.append((VqaQuestion(question_id=i, image_id=i, question=text, image_key=query["image_key"]),
+                              Path(query["image_path"])))
+        return VqaData(questions, rois, rois_source, tokens, None, max_rois=max_rois,
+                       max_text_len=max_text_len, images=images)
+
+    def query_results(self, model, data, indices, out, extras, meta, top_k):
+        import torch
+
+        # ranked by logit as `prediction_rows` chooses; trained with BCE on soft scores, an answer's
+        # sigmoid is the model's estimate of its accuracy
+        logits = out["logits"]
+        best = logits.argsort(dim=1, descending=True, stable=True)[:, : min(int(top_k), logits.shape[1])]
+        scores = torch.sigmoid(logits.gather(1, best))
+        return [{"answers": [{"answer": meta["answers"][j], "score": round(float(v), 6)}
+                             for v, j in zip(row_scores.tolist(), row_best.tolist())]}
+                for row_scores, row_best in zip(scores, best)]
 
     def score(self, eval_task, split, rows, sources, where):
         return score_vqa(rows, split_path(sources["questions"], split),

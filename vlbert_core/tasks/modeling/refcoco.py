@@ -59,7 +59,10 @@ class RefcocoSamples:
     """<Query, Image> with one binary target per candidate box (IoU > 0.5 with the referred box).
 
     Track `gt`: every instance box of the image; track `det`: the detected RoIs of the image.
+    An expression without a ground-truth box (`gt_box` None: a user's query) gets no positive box.
     """
+
+    SPECIAL_TOKENS = 2  # [CLS] expression [SEP]
 
     def __init__(self, data: RefcocoData, track: str, images_dir: str | os.PathLike, tokens: Tokens,
                  *, max_rois: int, max_text_len: int, images: ImageLoader,
@@ -94,10 +97,11 @@ class RefcocoSamples:
             self.images, self.images_dir / self.data.image_files[expr.image_id], candidates,
             self.max_rois, (expr.image_w, expr.image_h),
             f"RefCOCO+ image {expr.image_key}")
-        ids, _ = truncate_pair(self.tokens.ids(expr.sentence), None, self.max_text_len - 2)
+        ids, _ = truncate_pair(self.tokens.ids(expr.sentence), None, self.max_text_len - self.SPECIAL_TOKENS)
         labels = torch.zeros(len(boxes))
-        labels[1:] = torch.from_numpy((box_iou(candidates, expr.gt_box)[:, 0] > POSITIVE_IOU)
-                                      .astype(np.float32))
+        if expr.gt_box is not None:
+            labels[1:] = torch.from_numpy((box_iou(candidates, expr.gt_box)[:, 0] > POSITIVE_IOU)
+                                          .astype(np.float32))
         candidate = torch.ones(len(boxes), dtype=torch.bool)
         candidate[0] = False
         return {"sequence": self.tokens.sequence(ids, None, len(boxes)), "image": image,

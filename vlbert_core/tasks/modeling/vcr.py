@@ -83,6 +83,8 @@ class VcrData:
     four candidate sequences of a question, which share the image and boxes.
     """
 
+    SPECIAL_TOKENS = 3  # [CLS] A [SEP] B [SEP]
+
     def __init__(self, items: Sequence[vcr_lib.VcrItem], mode: str, images_dir: str | os.PathLike,
                  tokens: Tokens, object_vocab: list[str], *, max_rois: int, max_text_len: int,
                  images: ImageLoader, with_labels: bool = True):
@@ -110,7 +112,7 @@ class VcrData:
         """One candidate sequence with object references linked to their boxes."""
         ids_a, refs_a = vcr_lib.tokenize_with_refs(self.tokens.tokenizer, text_a, objects)
         ids_b, refs_b = vcr_lib.tokenize_with_refs(self.tokens.tokenizer, text_b, objects)
-        budget = self.max_text_len - 3
+        budget = self.max_text_len - self.SPECIAL_TOKENS
         ids_a, ids_b = truncate_pair(ids_a, ids_b, budget)
         refs_a, refs_b = refs_a[: len(ids_a)], refs_b[: len(ids_b)]
         seq = self.tokens.sequence(ids_a, ids_b, num_boxes)

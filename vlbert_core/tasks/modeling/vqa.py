@@ -54,6 +54,8 @@ class VQAHead(nn.Module):
 class VqaData:
     """<Question, [MASK], Image> with detected RoIs; targets are the soft answer scores."""
 
+    SPECIAL_TOKENS = 4  # [CLS] question [SEP] [MASK] [SEP]: the question gets max_text_len - 4 word pieces
+
     def __init__(self, questions: Sequence[tuple[VqaQuestion, Path]], rois: dict, rois_source: str,
                  tokens: Tokens, answers: list[str] | None, *, max_rois: int, max_text_len: int,
                  images: ImageLoader):
@@ -74,7 +76,7 @@ class VqaData:
         image, boxes = image_and_boxes(self.images, image_path, record.boxes, self.max_rois,
                                         (record.image_w, record.image_h),
                                         f"RoI parquet {self.rois_source} key {question.image_key}")
-        ids_a, _ = truncate_pair(self.tokens.ids(question.question), None, self.max_text_len - 4)
+        ids_a, _ = truncate_pair(self.tokens.ids(question.question), None, self.max_text_len - self.SPECIAL_TOKENS)
         sample = {"sequence": self.tokens.sequence(ids_a, [self.tokens.mask_id], len(boxes)),
                   "image": image, "boxes": boxes, "question_id": question.question_id,
                   "image_key": question.image_key}

@@ -1,0 +1,172 @@
+"""Ask a fine-tuned model about images: prints (and with --out writes) the answers as JSON.
+
+  VQA:      --model results/finetune/vqa/full/full --detector results/detector/model.pt
+            --image photo.jpg --text "what colour is the ball?" [--top-k 5]
+  RefCOCO+: --model results/finetune/refcoco/full/full --detector results/detector/model.pt
+            --image photo.jpg --text "the red ball on the left" [--draw chosen.png]
+            [--boxes X1,Y1,X2,Y2 ...: your own candidate boxes instead of the detector's RoIs]
+  VCR:      --model results/finetune/vcr_q2a/full/full --image photo.jpg
+            --objects person:10,20,60,90 dog:70,40,120,95 --text "why is [0] next to [1] ?"
+            --choices "[0] owns [1] ." "it is raining ." "[1] is lost ." "[0] is cooking ."
+            (QA->R model: --answer "[0] owns [1] ." and --choices are the four rationales),
+            or --annotations val.jsonl --id val-0 --images-dir .../vcr1images (VCR's own format).
+
+--image and --text repeat (pairs in order; one of them given once goes with every other);
+--queries FILE takes one JSON query per line ({"image", "text", ...}, docs/predict.md).
+Images are paths or http(s) URLs (fetched with the config's cc.download settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from vlbert_core.utils import atomic_path
+
+from .api import PredictError, Predictor
+
+DEFAULT_CONFIG = Path("config/config.yaml")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m vlbert_core.predict", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, type=Path,
+                        help="fine-tuned model directory, results/finetune/<task>/<setting>/<schedule>")
+    parser.add_argument("--task", help="fail unless the model was fine-tuned on this task or dataset "
+                                       "(vqa, refcoco, vcr, vcr_q2a, vcr_qa2r)")
+    parser.add_argument("--detector", type=Path,
+                        help="detector checkpoint (results/detector/model.pt) for tasks that read detected RoIs")
+    parser.add_argument("--config", action="append", type=Path,
+                        help=f"the run's config (rois: selection, cc.download for URLs); repeat to merge, "
+                             f"later ones win (default: {DEFAULT_CONFIG} when it exists)")
+    parser.add_argument("--image", action="append", default=[], help="image path or http(s) URL; repeat")
+    parser.add_argument("--text", action="append", default=[],
+                        help="question (VQA, VCR) or referring expression (RefCOCO+); repeat")
+    parser.add_argument("--boxes", nargs="+", metavar="X1,Y1,X2,Y2",
+                        help="RefCOCO+: candidate boxes in image pixels (default: the detector's RoIs)")
+    parser.add_argument("--objects", nargs="+", metavar="NAME:X1,Y1,X2,Y2",
+                        help="VCR: the image's objects; [i] in the texts refers to object i (from 0)")
+    parser.add_argument("--choices", nargs="+", help="VCR: the four candidate answers (Q->A) or rationales (QA->R)")
+    parser.add_argument("--answer", help="VCR QA->R: the answer whose rationales are ranked")
+    parser.add_argument("--annotations", type=Path, help="queries from a file in the dataset's own format (VCR jsonl)")
+    parser.add_argument("--id", help="with --annotations: the one question to ask (VCR annot_id)")
+    parser.add_argument("--images-dir", type=Path,
+                        help="with --annotations: the folder its image paths are relative to (default: the file's)")
+    parser.add_argument("--queries", type=Path, help="JSON lines, one query object per line")
+    parser.add_argument("--top-k", type=int, default=5, help="answers / boxes listed per query (default 5)")
+    parser.add_argument("--draw", type=Path, help="RefCOCO+: PNG of the image with the chosen box "
+                                                  "(several queries: PATH_<n>.png)")
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    return parser.parse_args(argv)
+
+
+def read_config(paths: list[Path] | None) -> dict:
+    from vlbert_core.pretrain.__main__ import merge
+
+    if paths is None:
+        paths = [DEFAULT_CONFIG] if DEFAULT_CONFIG.is_file() else []
+    config: dict = {}
+    for path in paths:
+        if not path.is_file():
+            raise PredictError(f"--config {path} does not exist")
+        config = merge(config, yaml.safe_load(path.read_text()) or {})
+    return config
+
+
+def _numbers(text: str, what: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if len(values) != 4:
+        raise PredictError(f"{what} {text!r}: expected four numbers X1,Y1,X2,Y2")
+    return values
+
+
+def flag_queries(args: argparse.Namespace) -> list[dict]:
+    """The queries of --image / --text and the flags that go with every one of them."""
+    images, texts = args.image, args.text
+    if not images and not texts:
+        return []
+    if not images or not texts:
+        raise PredictError("give both --image and --text")
+    if len(images) != len(texts) and 1 not in (len(images), len(texts)):
+        raise PredictError(f"{len(images)} --image and {len(texts)} --text: give as many of each, or one of them once")
+    count = max(len(images), len(texts))
+    extra: dict = {}
+    if args.boxes:
+        extra["boxes"] = [_numbers(b, "--boxes") for b in args.boxes]
+    if args.objects:
+        objects = []
+        for spec in args.objects:
+            name, sep, box = spec.rpartition(":")
+            if not sep or not name:
+                raise PredictError(f"--objects {spec!r}: expected NAME:X1,Y1,X2,Y2")
+            objects.append({"name": name, "box": _numbers(box, f"--objects {name}")})
+        extra["objects"] = objects
+    if args.choices:
+        extra["choices"] = args.choices
+    if args.answer:
+        extra["answer"] = args.answer
+    return [{"image": images[i if len(images) > 1 else 0], "text": texts[i if len(texts) > 1 else 0], **extra}
+            for i in range(count)]
+
+
+def file_queries(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise PredictError(f"--queries {path} does not exist")
+    queries = []
+    for line_no, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            query = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise PredictError(f"--queries {path} line {line_no}: not valid JSON: {err}") from None
+        if not isinstance(query, dict):
+            raise PredictError(f"--queries {path} line {line_no}: expected a JSON object")
+        queries.append(query)
+    return queries
+
+
+def draw_paths(path: Path | None, count: int) -> list[Path] | None:
+    if path is None:
+        return None
+    if count == 1:
+        return [path]
+    return [path.with_name(f"{path.stem}_{i}{path.suffix or '.png'}") for i in range(count)]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    config = read_config(args.config)
+    predictor = Predictor(args.model, task=args.task, detector=args.detector, select=config.get("rois"),
+                          download=(config.get("cc") or {}).get("download"), device=args.device)
+    queries = flag_queries(args)
+    if args.queries:
+        queries += file_queries(args.queries)
+    if args.annotations:
+        queries += predictor.queries_from_file(args.annotations, key=args.id, images_dir=args.images_dir)
+    if not queries:
+        raise PredictError("nothing to ask: give --image and --text, --queries or --annotations")
+    results = predictor.predict(queries, top_k=args.top_k, draw=draw_paths(args.draw, len(queries)))
+    payload = {"model": str(args.model), "task": predictor.task.name, "results": results}
+    text = json.dumps(payload, indent=1)
+    if args.out:
+        with atomic_path(args.out) as tmp:
+            tmp.write_text(text + "\n")
+    print(text)
+    return payload
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (PredictError, ValueError, FileNotFoundError, KeyError) as err:
+        sys.exit(f"error: {err}")

@@ -1,0 +1,217 @@
+"""Ask a fine-tuned model: images and text in, the task's answers out (docs/predict.md).
+
+`Predictor` loads a fine-tune directory (results/finetune/<task>/<setting>/<schedule>), and for
+tasks that read detected RoIs the detector checkpoint with the `rois:` selection rule of the run.
+Each query's image (a path or an http(s) URL, fetched with the CC downloader and its size cap)
+goes through the same detection and RoI selection as rule extract_task_rois, and the query
+through the same samples, model and head as the evaluation: the task builds its samples
+(`Task.query_data`, the data class of `build_data`) and formats the answers (`Task.query_results`).
+Nothing here names a task.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from vlbert_core.utils import atomic_path, get_logger
+
+log = get_logger(__name__)
+
+
+class PredictError(ValueError):
+    """A query, image or model directory the predictor cannot use; the message names it."""
+
+
+def read_model_task(model_dir: str | os.PathLike) -> str:
+    """The task name a fine-tune directory's config.json records, or an error naming what is missing."""
+    from vlbert_core.tasks.finetune import CONFIG_FILE, MODEL_FILE
+
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise PredictError(f"model directory {model_dir} does not exist")
+    config_path = model_dir / CONFIG_FILE
+    if not config_path.is_file():
+        raise PredictError(f"{model_dir} has no {CONFIG_FILE}: a fine-tuned model directory "
+                           f"(results/finetune/<task>/<setting>/<schedule>) holds {MODEL_FILE} and {CONFIG_FILE}")
+    try:
+        payload = json.loads(config_path.read_text())
+        return str(payload["task"]["name"])
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise PredictError(f"{config_path} is not a fine-tuned model's config (needs task.name): {err!r}") from None
+
+
+class Predictor:
+    """A fine-tuned model (and the detector when its task reads detected RoIs), ready for queries.
+
+    model_dir: a fine-tune directory; task: when given, the task (or dataset, e.g. "vcr") the
+    model must have been fine-tuned on; detector: the detector checkpoint; select: the `rois:`
+    section of the run's config (score_threshold, min_boxes, max_boxes, nms_iou); download: its
+    `cc.download` section, used for image URLs.
+    """
+
+    def __init__(self, model_dir: str | os.PathLike, *, task: str | None = None,
+                 detector: str | os.PathLike | None = None, select: Mapping[str, Any] | None = None,
+                 download: Mapping[str, Any] | None = None, device: str = "cpu"):
+        from vlbert_core.tasks.registry import get_task
+
+        self.model_dir = Path(model_dir)
+        name = read_model_task(self.model_dir)
+        self.task = get_task(name)
+        if task is not None and task not in (self.task.name, self.task.dataset):
+            raise PredictError(f"{self.model_dir} holds a {self.task.name} model (its config.json), not a "
+                               f"{task} model")
+        self.detector_path = None if detector is None else Path(detector)
+        self.select = select
+        self.download = download
+        self.device = device
+        self._detector = None
+        self._downloader = None
+
+        from vlbert_core.model import load_tokenizer
+        from vlbert_core.model.config import visual_pixel_format
+        from vlbert_core.tasks.finetune import load_finetuned
+        from vlbert_core.tasks.samples import ImageLoader, Tokens
+
+        self.model, self.meta = load_finetuned(self.model_dir)
+        self.model.to(device)
+        config = self.model.vlbert.config
+        self.tokens = Tokens(load_tokenizer(config.bert_path))
+        self.images = ImageLoader(int(self.meta["image_max_side"]), pixel_format=visual_pixel_format(config))
+
+    # ---- images ----------------------------------------------------------------------------------
+
+    def _fetch(self, url: str, workdir: Path, index: int) -> Path:
+        if self.download is None:
+            raise PredictError(f"image {url}: a URL needs the downloader settings (cc.download of the config)")
+        if self._downloader is None:
+            from vlbert_core.data.cc import make_downloader
+
+            self._downloader = make_downloader(self.download)
+        result = self._downloader.fetch(url)
+        if result.data is None:
+            raise PredictError(f"image {url} cannot be fetched: {result.status}: {result.error}")
+        path = workdir / f"image{index}"
+        path.write_bytes(result.data)
+        return path
+
+    def _open_image(self, source: str, workdir: Path, index: int):
+        """(local path, decoded [3, H, W] uint8 image) of an image path or URL."""
+        from vlbert_core.data.downloader import HTTP_SCHEMES
+        from vlbert_core.detector.images import decode_image
+
+        scheme = source.split("://", 1)[0].lower() if "://" in source else ""
+        if scheme in HTTP_SCHEMES or scheme == "file":
+            path = self._fetch(source, workdir, index)
+        else:
+            path = Path(source)
+            if not path.is_file():
+                raise PredictError(f"image {source} does not exist")
+        try:
+            return path, decode_image(path)
+        except Exception as err:  # noqa: BLE001 - whatever the decoder says, the file is not an image we can read
+            raise PredictError(f"image {source} cannot be read as an image: {type(err).__name__}: {err}") from None
+
+    def _detector_model(self):
+        if self._detector is None:
+            if self.detector_path is None:
+                raise PredictError(f"task {self.task.name} reads the detector's RoIs: give the detector "
+                                   f"checkpoint (e.g. results/detector/model.pt)")
+            if self.select is None:
+                raise PredictError("the detector's RoI selection needs the config's rois: section")
+            from vlbert_core.detector.train import load_detector
+
+            self._detector, _ = load_detector(self.detector_path, map_location=self.device)
+        return self._detector
+
+    def _detect(self, image) -> Any:
+        """The RoIs of one decoded image, selected as rule extract_task_rois selects them."""
+        from vlbert_core.detector.extract import detect_rois, selection_kwargs
+        from vlbert_core.detector.images import to_unit_float
+        from vlbert_core.rois import STATUS_OK, RoIRecord
+
+        model = self._detector_model()
+        selected = detect_rois(model, [to_unit_float(image)], selection_kwargs(self.select))[0]
+        num_classes = int(model.roi_heads.box_predictor.cls_score.out_features)
+        return RoIRecord(key="", status=STATUS_OK, error="", image_w=int(image.shape[-1]),
+                         image_h=int(image.shape[-2]), num_boxes=len(selected), num_classes=num_classes,
+                         boxes=selected.boxes.numpy().astype("float32"),
+                         scores=selected.scores.numpy().astype("float32"),
+                         class_ids=selected.class_ids.numpy().astype("int32"),
+                         class_scores=selected.class_scores.numpy().astype("float32"))
+
+    # ---- queries ---------------------------------------------------------------------------------
+
+    def queries_from_file(self, path: str | os.PathLike, *, key: str | None = None,
+                          images_dir: str | os.PathLike | None = None) -> list[dict]:
+        """Queries from a file in the task's dataset format (VCR: a jsonl of questions)."""
+        return self.task.queries_from_file(path, key=key, images_dir=images_dir)
+
+    def predict(self, queries: Sequence[Mapping[str, Any]], top_k: int = 5,
+                draw: Sequence[str | os.PathLike] | None = None) -> list[dict]:
+        """The model's answers, one dict per query: the query's `image` and `text`, and what the
+        task answers (VQA: `answers`; RefCOCO+: `box`, `score`, `top`; VCR: `choice`, `ranking`).
+
+        draw: one PNG path per query; each gets the query's image with the chosen `box` drawn
+        (tasks whose answer is a box).
+        """
+        from vlbert_core.tasks.evaluate import predict_batches
+
+        if not queries:
+            raise PredictError("no queries to answer")
+        if int(top_k) < 1:
+            raise PredictError(f"top_k must be at least 1, got {top_k}")
+        if draw is not None and len(draw) != len(queries):
+            raise PredictError(f"{len(draw)} drawing paths for {len(queries)} queries")
+        with tempfile.TemporaryDirectory(prefix="vlbert-predict-") as scratch:
+            workdir = Path(scratch)
+            resolved, rois, opened = [], {}, {}
+            for index, query in enumerate(queries):
+                if not isinstance(query, Mapping) or not isinstance(query.get("image"), str):
+                    raise PredictError(f"query #{index}: needs an image (a path or an http(s) URL), got {query!r}")
+                source = query["image"]
+                if source not in opened:
+                    key = f"image{len(opened)}"
+                    opened[source] = (key, *self._open_image(source, workdir, len(opened)))
+                key, path, image = opened[source]
+                if self.task.query_needs_rois(query) and key not in rois:
+                    rois[key] = self._detect(image)
+                resolved.append({**query, "image_path": str(path.resolve()), "image_key": key,
+                                 "image_w": int(image.shape[-1]), "image_h": int(image.shape[-2])})
+            rois_source = f"detector {self.detector_path}"
+            data = self.task.query_data(resolved, self.meta, tokens=self.tokens, images=self.images,
+                                        max_rois=int(self.meta["max_rois"]),
+                                        max_text_len=int(self.meta["max_text_len"]), rois=rois,
+                                        rois_source=rois_source, workdir=workdir)
+            answers: list[dict] = []
+            for indices, out, extras in predict_batches(self.model, data, int(self.meta["batch_size"]),
+                                                        self.device, f"predict {self.task.name}"):
+                answers.extend(self.task.query_results(self.model, data, indices, out, extras, self.meta,
+                                                       int(top_k)))
+            for query, answer, out_path in zip(resolved, answers, draw or ()):
+                if "box" not in answer:
+                    raise PredictError(f"task {self.task.name} answers no box to draw")
+                draw_box(query["image_path"], answer["box"], out_path, label=f"{answer.get('score', '')}")
+                answer["drawn"] = str(out_path)
+        return [{"image": q["image"], "text": q.get("text"), **a} for q, a in zip(queries, answers)]
+
+
+def draw_box(image: str | os.PathLike, box: Sequence[float], out: str | os.PathLike, *,
+             label: str | None = None) -> Path:
+    """A PNG of the image with the box (x1, y1, x2, y2 in its pixels) drawn on it, written atomically."""
+    from PIL import Image, ImageDraw
+
+    with Image.open(image) as raw:
+        canvas = raw.convert("RGB")
+    draw = ImageDraw.Draw(canvas)
+    width = max(1, round(max(canvas.size) / 150))
+    draw.rectangle([float(v) for v in box], outline=(255, 32, 32), width=width)
+    if label:
+        draw.text((float(box[0]) + width + 1, float(box[1]) + width), label, fill=(255, 32, 32))
+    out = Path(out)
+    with atomic_path(out) as tmp:
+        canvas.save(tmp, format="PNG")
+    return out
