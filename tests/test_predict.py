@@ -65,6 +65,28 @@ def _evaluation(model_dir: Path, eval_task: str, sources: dict, rois=()) -> list
     return bundle[f"{eval_task}/val"]
 
 
+def _evaluation_scores(model_dir: Path, eval_task: str, sources: dict, rois=()):
+    """The sigmoid scores the evaluation's samples get ([examples, answers or boxes]; -1 on non-candidates)."""
+    import torch
+
+    from vlbert_core.model import load_tokenizer
+    from vlbert_core.tasks.evaluate import predict_batches
+    from vlbert_core.tasks.finetune import load_finetuned, read_task_rois
+    from vlbert_core.tasks.samples import ImageLoader, Tokens
+
+    model, meta = load_finetuned(model_dir)
+    records, source = read_task_rois([str(r) for r in rois])
+    data = model.task.build_data("val", meta, sources=sources, tokens=Tokens(load_tokenizer(model.vlbert.config.bert_path)),
+                                 images=ImageLoader(MODEL_CFG["image_max_side"]), max_rois=MODEL_CFG["max_rois"],
+                                 max_text_len=meta["max_text_len"], rois=records, rois_source=source,
+                                 eval_task=eval_task)
+    scores = []
+    for _, out, extras in predict_batches(model, data, meta["batch_size"], "cpu", "scores"):
+        row = torch.sigmoid(out["logits"])
+        scores.extend(row.masked_fill(~extras["candidate"], -1.0) if "candidate" in extras else row)
+    return scores
+
+
 def test_help_runs_as_a_module():
     result = subprocess.run([sys.executable, "-m", "vlbert_core.predict", "--help"], cwd=REPO,
                             capture_output=True, text=True, timeout=120)
@@ -82,6 +104,10 @@ def test_vqa_answers_equal_the_evaluation(world, runs):  # noqa: F811
     predictor = Predictor(out / "vqa", task="vqa", detector=out / "detector.pt", select=SELECT)
     results = predictor.predict(queries, top_k=2)
     assert [r["answers"][0]["answer"] for r in results] == [row["answer"] for row in expected]
+    # not only the answer: the scores of the same RoIs, samples and model
+    for result, scores in zip(results, _evaluation_scores(out / "vqa", "vqa", sources["vqa"], [rois["vqa"]])):
+        assert [a["score"] for a in result["answers"]] == pytest.approx(scores.sort(descending=True).values[:2].tolist(),
+                                                                       abs=1e-6)
     for result, query in zip(results, queries):
         assert (result["image"], result["text"]) == (query["image"], query["text"])
         scores = [a["score"] for a in result["answers"]]
@@ -116,6 +142,11 @@ def test_refcoco_chooses_the_evaluation_box_and_draws_it(world, runs, tmp_path):
     expected = _evaluation(out / "refcoco", "refcoco_det", sources["refcoco"], [rois["refcoco"]])
     assert [r["box"] for r in detected] == [row["box"] for row in expected]
     assert all(r["track"] == "det" and r["top"][0]["box"] == r["box"] for r in detected)
+    for result, scores in zip(detected, _evaluation_scores(out / "refcoco", "refcoco_det", sources["refcoco"],
+                                                           [rois["refcoco"]])):
+        assert result["num_candidates"] == int((scores >= 0).sum()) >= SELECT["min_boxes"]
+        assert [t["score"] for t in result["top"]] == pytest.approx(
+            scores.sort(descending=True).values[: len(result["top"])].tolist(), abs=1e-6)
 
     # the user's own candidate boxes: the ground-truth track, here the image's instance boxes
     boxes = data.image_boxes[data.expressions[0].image_id].tolist()
