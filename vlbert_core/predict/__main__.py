@@ -119,20 +119,11 @@ def flag_queries(args: argparse.Namespace) -> list[dict]:
 
 
 def file_queries(path: Path) -> list[dict]:
+    from vlbert_core.report.inputs import read_jsonl
+
     if not path.is_file():
         raise PredictError(f"--queries {path} does not exist")
-    queries = []
-    for line_no, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            query = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise PredictError(f"--queries {path} line {line_no}: not valid JSON: {err}") from None
-        if not isinstance(query, dict):
-            raise PredictError(f"--queries {path} line {line_no}: expected a JSON object")
-        queries.append(query)
-    return queries
+    return read_jsonl(path)
 
 
 def draw_paths(path: Path | None, count: int) -> list[Path] | None:
