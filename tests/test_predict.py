@@ -120,6 +120,10 @@ def test_vqa_answers_equal_the_evaluation(world, runs):  # noqa: F811
     assert json.loads((out / "vqa.json").read_text()) == written
     assert written["task"] == "vqa" and len(written["results"][0]["answers"]) == 3  # the vocabulary's size
     assert written["results"][0]["answers"][0]["answer"] == expected[2]["answer"]
+    (out / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries[:2]))
+    written = main(["--model", str(out / "vqa"), "--detector", str(out / "detector.pt"),
+                    "--config", str(_config(out)), "--queries", str(out / "queries.jsonl")])
+    assert [r["answers"] for r in written["results"]] == [r["answers"] for r in predictor.predict(queries[:2])]
 
 
 def _config(out: Path) -> Path:
@@ -265,9 +269,11 @@ def test_bad_input_is_an_error_naming_it(world, runs, tmp_path):  # noqa: F811
         predictor.predict([{"image": image, "text": "Is it a dog?"}], draw=[tmp_path / "x.png"])
     assert not (tmp_path / "x.png").exists()
 
+    with pytest.raises(PredictError, match=f"{tmp_path} has no config.json"):
+        main(["--model", str(tmp_path), "--image", image, "--text", "Is it a dog?"])
+
     # the command line says what is wrong in one line and exits non-zero
-    result = subprocess.run([sys.executable, "-m", "vlbert_core.predict", "--model", str(tmp_path), "--image",
-                             image, "--text", "Is it a dog?"], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 1 and result.stderr.strip() == (
-        f"error: {tmp_path} has no config.json: a fine-tuned model directory "
-        "(results/finetune/<task>/<setting>/<schedule>) holds model.safetensors and config.json")
+    result = subprocess.run([sys.executable, "-m", "vlbert_core.predict", "--model", str(tmp_path / "nowhere"),
+                             "--image", image, "--text", "Is it a dog?"], cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+    assert (result.returncode, result.stderr.strip()) == (1, f"error: model directory {tmp_path}/nowhere does not exist")

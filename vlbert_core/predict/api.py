@@ -28,11 +28,11 @@ class PredictError(ValueError):
 
 def read_model_task(model_dir: str | os.PathLike) -> str:
     """The task name a fine-tune directory's config.json records, or an error naming what is missing."""
-    from vlbert_core.tasks.finetune import CONFIG_FILE, MODEL_FILE
-
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise PredictError(f"model directory {model_dir} does not exist")
+    from vlbert_core.tasks.finetune import CONFIG_FILE, MODEL_FILE
+
     config_path = model_dir / CONFIG_FILE
     if not config_path.is_file():
         raise PredictError(f"{model_dir} has no {CONFIG_FILE}: a fine-tuned model directory "
