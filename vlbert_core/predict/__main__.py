@@ -159,5 +159,5 @@ def main(argv: list[str] | None = None) -> dict:
 if __name__ == "__main__":
     try:
         main()
-    except (ValueError, OSError, KeyError) as err:  # PredictError is a ValueError
+    except (ValueError, OSError, KeyError, NotImplementedError) as err:  # PredictError is a ValueError
         sys.exit(f"error: {err}")
