@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from test_tensorboard import assert_events_match_metrics
 
 from vlbert_core.pretrain import pretrain
 from vlbert_core.pretrain.launch import Launch, distributed_command, pretrain_arguments
+from vlbert_core.tensorboard_log import EVENTS_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -104,3 +106,6 @@ def test_two_process_ddp_matches_one_process_on_the_same_global_batch(world, tmp
     for a, b in zip(records["one"], records["two"]):
         for key in ("loss", "mlm_loss", "mlm_text_loss", "roi_loss", "mlm_acc", "roi_acc"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key)
+    # TensorBoard: rank 0 alone writes the event files, with the records of metrics.jsonl
+    assert len(list((two / EVENTS_DIR).iterdir())) == 1
+    assert_events_match_metrics(two)

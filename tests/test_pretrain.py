@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import MINILM, NUM_FG_CLASSES
+from test_tensorboard import assert_events_match_metrics
 
 from vlbert_core.detector import load_detector
 from vlbert_core.model import IMG, VLBertModel, build_input_sequence, collate_samples, load_tokenizer
@@ -363,6 +364,8 @@ def test_setting_none_writes_bert_initialised_model(world, tmp_path):
     assert clue["with_image"]["masked_tokens"] == clue["blank_image"]["masked_tokens"] >= 12
     assert clue["with_image"]["correct"] == clue["blank_image"]["correct"]
     assert clue["paired"] == {"right_only_with_image": 0, "right_only_blanked": 0, "sign_test_p": 1.0}
+    events = assert_events_match_metrics(tmp_path)
+    assert events["visual_clue/masked_words"] == [(0, 12.0)] and events["train/steps"] == [(0, 0.0)]
 
 
 def test_pretraining_measures_appearance_statistics_on_training_images(world, tokenizer, tmp_path):
@@ -426,6 +429,12 @@ def test_resume_matches_straight_run(world, tmp_path):
     assert (paired["right_only_with_image"] - paired["right_only_blanked"]
             == clue_a["with_image"]["correct"] - clue_a["blank_image"]["correct"])
     assert paired["sign_test_p"] == sign_test_p(paired["right_only_with_image"], paired["right_only_blanked"])
+    # TensorBoard: the same scalars as metrics.jsonl and visual_clue.json, the interrupted run's steps 3-4
+    # replaced by the resumed run's
+    for out in (straight, interrupted):
+        events = assert_events_match_metrics(out)
+        assert events["visual_clue/with_image/mlm_acc"] == [(4, pytest.approx(clue_a["with_image"]["mlm_acc"]))]
+        assert {"train/mlm_loss", "train/lr", "train/grad_norm", "train/samples_per_s"} <= events.keys()
 
 
 def test_changed_config_does_not_resume_foreign_checkpoint(world, tmp_path):

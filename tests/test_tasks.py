@@ -408,7 +408,7 @@ HPARAMS = {"epochs": 1, "batch_size": 2, "lr": 1e-3, "optimizer": "adamw", "warm
            "max_text_len": 24, "num_answers": 8, "aux_roi_loss_weight": 0.5}
 
 
-def _finetune(world, task, out, tune_frcnn=False, **overrides):
+def _finetune(world, task, out, tune_frcnn=False, stop_after_step=None, **overrides):
     from vlbert_core.tasks.finetune import finetune
 
     root, sources = world
@@ -417,7 +417,7 @@ def _finetune(world, task, out, tune_frcnn=False, **overrides):
         [str(root / "rois/refcoco/train.parquet")] if task == "refcoco" else []
     return finetune(task, root / "pretrained", out, setting="full", schedule="half", schedule_factor=1.0,
                     hparams={**HPARAMS, **overrides}, tune_frcnn=tune_frcnn, model_cfg=MODEL_CFG,
-                    sources=sources[dataset], rois_paths=rois, seed=0)
+                    sources=sources[dataset], rois_paths=rois, seed=0, stop_after_step=stop_after_step)
 
 
 def _evaluate(model_dir: Path, targets: list[tuple[str, str]], out: Path, sources: dict, rois=()) -> None:
@@ -567,6 +567,46 @@ def test_tiny_finetune_and_evaluate_every_task(world, tmp_path):
 
 
 # ---------------------------------------------------------------- the Snakemake entry points
+
+
+def test_finetune_resume_matches_straight_run(world, tmp_path, caplog):
+    import torch
+    from safetensors.torch import load_file
+    from test_tensorboard import assert_events_match_metrics
+
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    # tune_frcnn: no cache of frozen RoI features. With the cache, a resumed run computes afresh the features
+    # the straight run had computed in a batch of other images, and a convolution over another batch rounds
+    # differently: equal up to float rounding, which Adam lifts to ~1e-6 on the parameters with no gradient.
+    hp = dict(epochs=2, checkpoint_every=2, tune_frcnn=True)
+    meta = _finetune(world, "vqa", straight, **hp)
+    assert meta["total_steps"] > meta["steps_per_epoch"] + 1 and not (straight / "checkpoint.pt").exists()
+    stop = meta["steps_per_epoch"] + 1  # inside the second epoch: the data order resumes mid-permutation
+    assert _finetune(world, "vqa", interrupted, **hp, stop_after_step=stop)["stopped"]
+    assert torch.load(interrupted / "checkpoint.pt", weights_only=True)["step"] == stop
+    assert not (interrupted / "model.safetensors").exists() and not (interrupted / "metrics.jsonl").exists()
+    with caplog.at_level("INFO", logger="vlbert"):
+        _finetune(world, "vqa", interrupted, **hp)
+    assert f"at step {stop}" in caplog.text and not (interrupted / "checkpoint.pt").exists()
+
+    a, b = load_file(str(straight / "model.safetensors")), load_file(str(interrupted / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(b[key], a[key]), key
+    rows_a, rows_b = ([{k: v for k, v in json.loads(line).items() if k != "elapsed_s"}
+                       for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (straight, interrupted))
+    assert rows_a == rows_b
+    assert [r["step"] for r in rows_a] == list(range(1, meta["total_steps"] + 1))
+    assert {r["epoch"] for r in rows_a} == {0, 1}
+    for out in (straight, interrupted):
+        assert {"train/loss", "train/lr", "train/grad_norm"} <= assert_events_match_metrics(out).keys()
+
+    # another configuration does not resume a foreign checkpoint
+    _finetune(world, "vqa", tmp_path / "other", epochs=2, checkpoint_every=2, stop_after_step=1)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="vlbert"):
+        _finetune(world, "vqa", tmp_path / "other", epochs=1, lr=2e-3, checkpoint_every=2)
+    assert "belongs to another configuration" in caplog.text and "resumed from" not in caplog.text
 
 
 def test_vcr_q2ar_script_needs_no_torch(tmp_path):

@@ -57,6 +57,17 @@ def test_a_finished_run_ends_with_where_the_results_are(ci_run):
     assert len(lines) - (start + 10) <= 2
 
 
+def test_every_training_job_wrote_tensorboard_event_files(ci_run):
+    from test_tensorboard import assert_events_match_metrics
+
+    jobs = sorted(ci_run.glob("results/pretrain/*/metrics.jsonl")) + sorted(
+        ci_run.glob("results/finetune/*/*/*/metrics.jsonl"))
+    done = planned_rules((ci_run.parent / "ci_run.stderr").read_text())
+    assert len(jobs) == done["pretrain"] + done["finetune"] > 0
+    for metrics in jobs:
+        assert_events_match_metrics(metrics.parent)
+
+
 def test_dry_run_of_the_default_config_plans_every_stage(tmp_path):
     proc = snakemake(tmp_path, "-n", "--cores", "1", TARGET, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -4,7 +4,8 @@ AdamW (no weight decay on biases, LayerNorm and other 1-d parameters), linear wa
 decay, lr = lr_per_sample x global batch, gradient clipping, bf16 autocast on CUDA only, DDP when
 launched by torchrun (WORLD_SIZE > 1). A checkpoint (model, heads, optimiser, scheduler, step,
 metrics, RNG states and data positions of every rank) is written to <out_dir>/checkpoint.pt every
-`checkpoint_every` steps and at the end; a run finds it there and resumes. At the end, the visual-clue
+`checkpoint_every` steps and at the end; a run finds it there and resumes. Rank 0 also writes each
+metrics record as TensorBoard scalars to <out_dir>/tensorboard/ (tensorboard_log.py). At the end, the visual-clue
 check (visual_clue.py) measures MLM accuracy on held-out captions with and without the image.
 """
 
@@ -12,17 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import math
 import os
-import random
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
@@ -32,6 +30,8 @@ from vlbert_core.model import VLBertConfig, VLBertModel, build_input_sequence, c
 from vlbert_core.model.bert_init import read_bert_config
 from vlbert_core.model.config import RELEASED_OPTION_KEYS, bert_fields_from_hf_config, visual_pixel_format
 from vlbert_core.optim import OptimizerSettings, build_optimizer, build_scheduler, warmup_linear_decay
+from vlbert_core.resume import load_resume_checkpoint, rng_state, run_fingerprint, set_rng_state
+from vlbert_core.tensorboard_log import TrainingEvents
 from vlbert_core.utils import atomic_path, get_logger, seed_everything
 
 from .data import (
@@ -42,7 +42,6 @@ from .masking import MaskingVocab
 from .objectives import VLBertForPretraining, target_counts
 from .settings import PretrainSetting, get_setting
 from .visual_clue import visual_clue_check
-from ..safe_pickle import load_torch_file
 
 log = get_logger(__name__)
 
@@ -114,42 +113,9 @@ def _gather(obj: Any, world_size: int) -> list:
     return out
 
 
-def _rng_state(device: torch.device) -> dict:
-    # Plain types and tensors only, so that the checkpoint loads with weights_only=True (no pickled code).
-    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
-    numpy_state = [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached_gaussian)]
-    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def _set_rng_state(state: dict, device: torch.device) -> None:
-    random.setstate(state["python"])
-    kind, keys, pos, has_gauss, cached_gaussian = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached_gaussian))
-    torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
 def load_pretrain_checkpoint(path: Path) -> dict:
     """Our own resume checkpoint, read with weights_only=True: a doctored file cannot run code."""
-    try:
-        return load_torch_file(path, "a pre-training checkpoint")
-    except ValueError as e:
-        raise ValueError(f"{e}; delete it to start this setting from scratch") from e
-
-
-def _fingerprint(**parts: Any) -> str:
-    """What a checkpoint must agree on to be resumed: settings, config and the input files' identity."""
-    def file_id(path: str) -> list:
-        st = os.stat(path)
-        return [str(path), st.st_size, st.st_mtime_ns]
-
-    payload = {k: v for k, v in parts.items() if k != "files"}
-    payload["files"] = [file_id(p) for p in parts.get("files", [])]
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+    return load_resume_checkpoint(path, "a pre-training checkpoint")
 
 
 def _write_metrics(path: Path, records: list[dict]) -> None:
@@ -267,10 +233,14 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
     if not spec.trains:
         if is_main:
             model.save(out)
-            _write_metrics(out / METRICS_FILE, [{"step": 0, "setting": spec.name, "steps": 0, "samples": 0,
-                                                 "note": "not pre-trained: the BERT-initialised model"}])
+            record = {"step": 0, "setting": spec.name, "steps": 0, "samples": 0,
+                      "note": "not pre-trained: the BERT-initialised model"}
+            _write_metrics(out / METRICS_FILE, [record])
             # The control: the visual term enters through zero-initialised LayerNorms, so both numbers match.
-            run_visual_clue_check(module, cc_shards, roi_parquets, tokenizer, stream_cfg, out, dev)
+            clue = run_visual_clue_check(module, cc_shards, roi_parquets, tokenizer, stream_cfg, out, dev)
+            with TrainingEvents(out) as events:
+                events.write(record)
+                events.write(clue, "visual_clue", step=0)
         log.info("setting %s: wrote the BERT-initialised model to %s without training", spec.name, out)
         if world_size > 1:
             dist.barrier()
@@ -292,7 +262,7 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
     scheduler = build_scheduler(optimizer, lambda s: warmup_linear_decay(s, steps, warmup))
     trainable = [p for p in module.parameters() if p.requires_grad]
 
-    fingerprint = _fingerprint(setting=spec.to_dict(), seed=seed, world_size=world_size, model=dict(model_cfg),
+    fingerprint = run_fingerprint(setting=spec.to_dict(), seed=seed, world_size=world_size, model=dict(model_cfg),
                                pretrain={k: v for k, v in pretrain_cfg.items() if k != "settings"},
                                files=[*cc_shards, *roi_parquets, *(text_shards if spec.text_corpus else []), detector_path])
     step, metrics, resumed_from = 0, [], None
@@ -305,7 +275,7 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
             optimizer.load_state_dict(ckpt["optimizer"])
             scheduler.load_state_dict(ckpt["scheduler"])
             batches.load_state(ckpt["data"][rank])
-            _set_rng_state(ckpt["rng"][rank], dev)
+            set_rng_state(ckpt["rng"][rank], dev)
             step, metrics = int(ckpt["step"]), list(ckpt["metrics"])
             resumed_from = step
             log.info("resumed from %s at step %d", ckpt_path, step)
@@ -314,7 +284,7 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
 
     def save_checkpoint() -> None:
         data_states = _gather(batches.state(), world_size)
-        rng_states = _gather(_rng_state(dev), world_size)
+        rng_states = _gather(rng_state(dev), world_size)
         if is_main:
             with atomic_path(ckpt_path) as tmp:
                 torch.save({"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "setting": spec.name,
@@ -332,6 +302,9 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
              world_size * len(batches.streams), " in DataLoader workers" if batches.workers else "", peak_lr,
              sum(p.numel() for p in trainable), sum(p.numel() for p in module.parameters()))
 
+    events = TrainingEvents(out, resume_step=resumed_from, enabled=is_main)
+    if metrics:
+        events.write(metrics[-1])  # purged with the steps trained again after the checkpoint
     train_module.train()
     log_every = max(1, steps // 20)
     progress = tqdm(total=steps, initial=step, desc=f"pretrain {spec.name}", unit="step", disable=not is_main)
@@ -366,6 +339,7 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
         # An accuracy is NaN when the batch had no target for it (e.g. no RoI drawn): null in JSON.
         record.update({k: (v if math.isfinite(v) else None) for k, v in values.items()})
         metrics.append(record)
+        events.write(record)
         progress.update(1)
         progress.set_postfix(loss=f"{record['loss']:.3f}", samples_s=record["samples_per_s"])
         if step % log_every == 0 or step == steps:
@@ -375,6 +349,7 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
             save_checkpoint()
         if step == stop_after_step:
             progress.close()
+            events.close()
             log.info("stopping after step %d as asked (checkpoint written)", step)
             return {"setting": spec.name, "steps": step, "stopped": True, "resumed_from": resumed_from}
     progress.close()
@@ -384,7 +359,9 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
     if is_main:
         module.model.save(out)
         _write_metrics(out / METRICS_FILE, metrics)
-        run_visual_clue_check(module, cc_shards, roi_parquets, tokenizer, stream_cfg, out, dev)
+        clue = run_visual_clue_check(module, cc_shards, roi_parquets, tokenizer, stream_cfg, out, dev)
+        events.write(clue, "visual_clue", step=step)
+    events.close()
     if world_size > 1:
         dist.barrier()
     return {"setting": spec.name, "steps": step, "resumed_from": resumed_from, "final": metrics[-1] if metrics else None,

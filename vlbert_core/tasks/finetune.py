@@ -8,7 +8,11 @@ gradient clipping, and writes into the fine-tune directory:
   `roi_classifier.`;
 - `config.json`: {"vlbert": VLBertConfig, "task": task meta (answer vocabulary for VQA, object
   names for VCR, text/box limits, schedule and step counts)};
-- `metrics.jsonl`: one row per step (loss, lr, task statistics).
+- `metrics.jsonl`: one row per step (loss, lr, task statistics);
+- `tensorboard/`: the same rows as TensorBoard scalars, written as training goes (tensorboard_log.py).
+While it trains, a checkpoint (weights, optimiser, scheduler, data position, RNG states, the rows so
+far) is written to `checkpoint.pt` every `checkpoint_every` steps; a job killed mid-training finds it
+and resumes, ending with the weights of an uninterrupted run. It is deleted once the outputs are written.
 `load_finetuned(dir)` rebuilds the model for evaluation.
 """
 
@@ -31,21 +35,26 @@ from vlbert_core.model import VLBertConfig, VLBertModel, VLBertOutput, load_toke
 from vlbert_core.model.config import visual_pixel_format
 from vlbert_core.optim import (OptimizerSettings, build_optimizer, build_scheduler, warmup_linear_decay,
                                warmup_step_decay)
+from vlbert_core.resume import load_resume_checkpoint, rng_state, run_fingerprint, set_rng_state
+from vlbert_core.tensorboard_log import TrainingEvents
 from vlbert_core.utils import atomic_path, get_logger, load_safetensors, save_safetensors, seed_everything
 
 from . import modeling  # noqa: F401  (the tasks' samples and heads: see tasks.base.model_side)
 from .base import Task
 from .registry import get_task
-from .samples import ImageLoader, Tokens, iterate_batches
+from .samples import ImageLoader, Tokens
 
 log = get_logger(__name__)
 
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINT_FILE = "checkpoint.pt"
+CHECKPOINT_FORMAT = 1
 # Defaults of the optional hyper-parameters; config/schema.yaml fills the same values.
 HPARAM_DEFAULTS = {"momentum": 0.9, "lr_steps": [], "warmup_steps": 0, "clip_grad": 1.0,
                    "weight_decay": 0.0001, "aux_roi_loss_weight": 0.5, "max_text_len": 64,
-                   "max_examples": None}
+                   "max_examples": None, "checkpoint_every": 1000}
 REQUIRED_HPARAMS = ("epochs", "batch_size", "lr", "optimizer")
 
 
@@ -216,12 +225,54 @@ def schedule_steps(num_examples: int, hp: Mapping[str, Any], schedule_factor: fl
             "decay_steps": [round(float(e) * schedule_factor * steps_per_epoch) for e in hp["lr_steps"]]}
 
 
-def _batches_forever(data, batch_size: int, generator: torch.Generator):
-    epoch = 0
-    while True:
-        for item in iterate_batches(data, batch_size, shuffle=True, generator=generator):
-            yield epoch, item
-        epoch += 1
+class EpochBatches:
+    """Shuffled training batches, epoch after epoch: each epoch a new permutation from one seeded
+    generator. Its state (epoch, batches taken from it, the generator's state when it began) lets a
+    resumed run continue at the next batch without loading the ones before."""
+
+    def __init__(self, data, batch_size: int, seed: int):
+        self.data, self.batch_size = data, int(batch_size)
+        self.generator = torch.Generator().manual_seed(int(seed))
+        self.epoch = 0
+        self._begin_epoch()
+
+    def _begin_epoch(self) -> None:
+        self.epoch_generator_state = self.generator.get_state()
+        self.order = torch.randperm(len(self.data), generator=self.generator).tolist()
+        self.position = 0  # batches taken from this epoch
+
+    def __next__(self) -> tuple[int, Any, dict]:
+        """(epoch, batch, extras) of the next batch."""
+        if self.position * self.batch_size >= len(self.order):
+            self.epoch += 1
+            self._begin_epoch()
+        start = self.position * self.batch_size
+        self.position += 1
+        batch, extras = self.data.collate([self.data.sample(i) for i in self.order[start:start + self.batch_size]])
+        return self.epoch, batch, extras
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "generator": self.epoch_generator_state}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+        self.epoch = int(state["epoch"])
+        self._begin_epoch()
+        self.position = int(state["position"])
+
+
+def _fingerprint(task: str, pretrained_dir: Path, rois_paths: list, **settings: Any) -> str:
+    """What a fine-tuning checkpoint must agree on to be resumed: the job's settings and its input files."""
+    def files_in(value: Any) -> list[str]:
+        if isinstance(value, Mapping):
+            return [f for v in value.values() for f in files_in(v)]
+        if isinstance(value, (list, tuple)):
+            return [f for v in value for f in files_in(v)]
+        return [value] if isinstance(value, str) and os.path.isfile(value) else []
+
+    inputs = [str(pretrained_dir / MODEL_FILE), str(pretrained_dir / CONFIG_FILE), *map(str, rois_paths),
+              *files_in(settings.get("sources", {}))]
+    return run_fingerprint(task=task, **settings, files=inputs)
 
 
 # ---- the loop ------------------------------------------------------------------------------------
@@ -229,8 +280,12 @@ def _batches_forever(data, batch_size: int, generator: torch.Generator):
 def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
              setting: str, schedule: str, schedule_factor: float, hparams: Mapping[str, Any],
              tune_frcnn: bool, model_cfg: Mapping[str, Any], sources: Mapping[str, str],
-             rois_paths: list[str] | tuple = (), seed: int = 0, device: str = "cpu") -> dict:
-    """Fine-tune the pre-trained model in `pretrained_dir` on `task`; returns the task meta."""
+             rois_paths: list[str] | tuple = (), seed: int = 0, device: str = "cpu",
+             stop_after_step: int | None = None) -> dict:
+    """Fine-tune the pre-trained model in `pretrained_dir` on `task`; returns the task meta.
+
+    `stop_after_step` ends the run right after that step's checkpoint without writing the outputs, as an
+    interruption would (used to test resuming)."""
     task_def = get_task(task)
     hp = resolve_hparams(task, hparams)
     out_dir = Path(out_dir)
@@ -274,42 +329,85 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
              schedule_factor, len(data), plan["total_steps"], hp["batch_size"], plan["epochs"],
              hp["optimizer"], tune_frcnn, n_trainable / 1e6)
 
-    generator = torch.Generator().manual_seed(int(seed))
-    stream = _batches_forever(data, int(hp["batch_size"]), generator)
+    fingerprint = _fingerprint(task, Path(pretrained_dir), list(rois_paths), setting=setting, schedule=schedule,
+                               schedule_factor=float(schedule_factor), tune_frcnn=bool(tune_frcnn), seed=int(seed),
+                               hparams={k: v for k, v in hp.items() if k != "checkpoint_every"},
+                               model=dict(model_cfg), sources=dict(sources))
+    batches = EpochBatches(data, int(hp["batch_size"]), seed)
+    dev = torch.device(device)
+    step, records, seconds_before, resumed_from = 0, [], 0.0, None
+    ckpt_path = out_dir / CHECKPOINT_FILE
+    if ckpt_path.is_file():
+        ckpt = load_resume_checkpoint(ckpt_path, "a fine-tuning checkpoint")
+        if ckpt.get("format") == CHECKPOINT_FORMAT and ckpt.get("fingerprint") == fingerprint:
+            model.load_state_dict(ckpt["model"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+            scheduler.load_state_dict(ckpt["scheduler"])
+            batches.load_state(ckpt["data"])
+            set_rng_state(ckpt["rng"], dev)
+            step, records, seconds_before = int(ckpt["step"]), list(ckpt["metrics"]), float(ckpt["train_seconds"])
+            resumed_from = step
+            log.info("resumed from %s at step %d", ckpt_path, step)
+        else:
+            log.warning("%s belongs to another configuration or input; starting from scratch", ckpt_path)
+
+    def save_checkpoint() -> None:
+        with atomic_path(ckpt_path) as tmp:
+            torch.save({"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "step": step,
+                        "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(), "data": batches.state(), "rng": rng_state(dev),
+                        "metrics": records, "train_seconds": seconds_before + time.perf_counter() - start}, tmp)
+
+    events = TrainingEvents(out_dir, resume_step=resumed_from)
+    if records:
+        events.write(records[-1])  # purged with the steps trained again after the checkpoint
     start = time.perf_counter()
-    metrics_path = out_dir / "metrics.jsonl"
-    with atomic_path(metrics_path) as tmp_metrics, tmp_metrics.open("w") as metrics_file:
-        progress = tqdm(range(plan["total_steps"]), desc=f"finetune {task}/{setting}/{schedule}",
-                        mininterval=5.0)
-        for step in progress:
-            epoch, (_, batch, extras) = next(stream)
-            batch = batch.to(device)
-            extras = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in extras.items()}
-            lr = scheduler.get_last_lr()[0]
-            loss, stats = model.loss(batch, extras)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"fine-tuning {task}: loss is {float(loss)} at step {step}")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = nn.utils.clip_grad_norm_(
-                [p for p in model.parameters() if p.requires_grad], float(hp["clip_grad"]))
-            optimizer.step()
-            scheduler.step()
-            row = {"step": step + 1, "epoch": epoch, "loss": loss.item(), "lr": lr,
-                   "grad_norm": float(grad_norm), **stats,
-                   "elapsed_s": round(time.perf_counter() - start, 3)}
-            metrics_file.write(json.dumps(row) + "\n")
-            progress.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
-            if step == 0 or (step + 1) % max(1, plan["total_steps"] // 10) == 0:
-                log.info("step %d/%d loss %.4f lr %.3g %s", step + 1, plan["total_steps"],
-                         loss.item(), lr, {k: round(v, 4) for k, v in stats.items()})
-        metrics_file.flush()
-        meta["train_seconds"] = round(time.perf_counter() - start, 2)
-        if model.feature_cache is not None:
-            log.info("frozen RoI features: computed for %d images, reused for %d rows",
-                     model.feature_cache.misses, model.feature_cache.hits)
-        task_def.log_training_data(data, meta)
-        save_finetuned(model, meta, out_dir)
+    checkpoint_every = int(hp["checkpoint_every"])
+    progress = tqdm(total=plan["total_steps"], initial=step, desc=f"finetune {task}/{setting}/{schedule}",
+                    mininterval=5.0)
+    while step < plan["total_steps"]:
+        epoch, batch, extras = next(batches)
+        batch = batch.to(device)
+        extras = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in extras.items()}
+        lr = scheduler.get_last_lr()[0]
+        loss, stats = model.loss(batch, extras)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"fine-tuning {task}: loss is {float(loss)} at step {step}")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(
+            [p for p in model.parameters() if p.requires_grad], float(hp["clip_grad"]))
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        row = {"step": step, "epoch": epoch, "loss": loss.item(), "lr": lr,
+               "grad_norm": float(grad_norm), **stats,
+               "elapsed_s": round(seconds_before + time.perf_counter() - start, 3)}
+        records.append(row)
+        events.write(row)
+        progress.update(1)
+        progress.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
+        if step == 1 or step % max(1, plan["total_steps"] // 10) == 0:
+            log.info("step %d/%d loss %.4f lr %.3g %s", step, plan["total_steps"],
+                     loss.item(), lr, {k: round(v, 4) for k, v in stats.items()})
+        if (step % checkpoint_every == 0 and step < plan["total_steps"]) or step == stop_after_step:
+            save_checkpoint()
+        if step == stop_after_step:
+            progress.close()
+            events.close()
+            log.info("stopping after step %d as asked (checkpoint written)", step)
+            return {**meta, "stopped": True, "resumed_from": resumed_from}
+    progress.close()
+    events.close()
+    meta["train_seconds"] = round(seconds_before + time.perf_counter() - start, 2)
+    if model.feature_cache is not None:
+        log.info("frozen RoI features: computed for %d images, reused for %d rows",
+                 model.feature_cache.misses, model.feature_cache.hits)
+    task_def.log_training_data(data, meta)
+    save_finetuned(model, meta, out_dir)
+    with atomic_path(out_dir / METRICS_FILE) as tmp:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    ckpt_path.unlink(missing_ok=True)  # the job's outputs are complete: a rerun starts afresh
     log.info("fine-tuned %s in %.1f s -> %s", task, meta["train_seconds"], out_dir)
     return meta
 
