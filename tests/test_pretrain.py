@@ -333,7 +333,8 @@ def _full_sequence_losses(module, batch) -> dict[str, torch.Tensor]:
     inputs = batch.inputs
     hidden = module.model.encode(inputs).sequence_output
     out = {}
-    logits = module.heads.mlm(hidden)                                          # [B, L, vocab]
+    mlm = module.heads.mlm                     # its decoder written out as the plain linear of BERT
+    logits = F.linear(mlm.transform(hidden), module.model.word_embeddings().weight, mlm.bias)   # [B, L, vocab]
     row_has_image = inputs.has_image[:, None].expand_as(batch.mlm_labels)
     for name, rows in (("mlm", row_has_image), ("mlm_text", ~row_has_image)):
         labels = batch.mlm_labels.masked_fill(~rows, IGNORE_INDEX)
