@@ -43,6 +43,7 @@ from docs_section import replace_section  # benchmarks/ is on sys.path when a be
 
 import torch
 import yaml
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -114,8 +115,8 @@ class StepTimeline:
 
         handles = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
                    torch.nn.modules.module.register_module_forward_hook(post),
-                   torch.optim.optimizer.register_optimizer_step_pre_hook(lambda *a: self.enter("optimizer")),
-                   torch.optim.optimizer.register_optimizer_step_post_hook(lambda *a: self.enter("rest"))]
+                   register_optimizer_step_pre_hook(lambda *a: self.enter("optimizer")),
+                   register_optimizer_step_post_hook(lambda *a: self.enter("rest"))]
         try:
             yield self
         finally:
