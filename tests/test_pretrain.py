@@ -324,6 +324,70 @@ def test_each_setting_trains_exactly_its_losses(world, tokenizer, setting):
     assert module.heads.mlm.bias.grad is not None
 
 
+def _full_sequence_losses(module, batch) -> dict[str, torch.Tensor]:
+    """The reference the heads are checked against: every head on every position of the sequence, then
+    the losses and accuracies read off at the labelled positions only."""
+    import torch.nn.functional as F
+
+    from vlbert_core.pretrain.objectives import soft_cross_entropy
+
+    inputs = batch.inputs
+    hidden = module.model.encode(inputs).sequence_output
+    out = {}
+    mlm = module.heads.mlm                     # its decoder written out as the plain linear of BERT
+    logits = F.linear(mlm.transform(hidden), module.model.word_embeddings().weight, mlm.bias)   # [B, L, vocab]
+    row_has_image = inputs.has_image[:, None].expand_as(batch.mlm_labels)
+    for name, rows in (("mlm", row_has_image), ("mlm_text", ~row_has_image)):
+        labels = batch.mlm_labels.masked_fill(~rows, IGNORE_INDEX)
+        count = (labels != IGNORE_INDEX).sum()
+        per_token = F.cross_entropy(logits.transpose(1, 2), labels, reduction="none")   # 0 where ignored
+        out[f"{name}_loss"] = per_token.sum() / count
+        out[f"{name}_acc"] = ((logits.argmax(-1) == labels) & (labels != IGNORE_INDEX)).sum() / count
+    roi_logits = module.heads.roi_cls(hidden)                                  # [B, L, classes]
+    roi_targets = torch.gather(batch.roi_labels, 1, inputs.roi_index[..., None].expand(-1, -1, roi_logits.shape[-1]))
+    is_target = (torch.gather(batch.roi_selected, 1, inputs.roi_index) & (inputs.element_kind == IMG)
+                 & inputs.attention_mask)
+    count = is_target.sum()
+    per_roi = torch.where(is_target, soft_cross_entropy(roi_logits, roi_targets.clamp(min=1e-30)), 0.0)
+    out["roi_loss"] = per_roi.sum() / count
+    out["roi_acc"] = ((roi_logits.argmax(-1) == roi_targets.argmax(-1)) & is_target).sum() / count
+    out["loss"] = out["mlm_loss"] + out["mlm_text_loss"] + out["roi_loss"]
+    return out
+
+
+def test_heads_on_labelled_positions_only_equal_the_full_sequence_computation(world, tokenizer):
+    """The MLM head (objectives mlm and mlm_text) and the masked-RoI head run only on the positions that
+    have a target; losses, accuracies and every gradient equal those of running them on the whole sequence."""
+    from vlbert_core.detector import load_detector
+
+    detector, meta = load_detector(world["detector"])
+    config = build_vlbert_config(model_cfg(world), meta, tune_frcnn=False)
+    torch.manual_seed(0)
+    module = VLBertForPretraining(VLBertModel.from_bert(config, detector.state_dict()), get_setting("d")).eval()
+    cc, text = _streams(world, tokenizer, "d")
+    batch = next(PretrainBatches([DataStream(cc, text, 4, 4)]))
+    labelled = batch.mlm_labels != IGNORE_INDEX
+    assert labelled[batch.inputs.has_image].any() and labelled[~batch.inputs.has_image].any()
+    # Every RoI with a detector label becomes a target (the masking picks few of 4), so the check sees many.
+    batch.roi_selected.copy_(batch.roi_labels.sum(-1) > 0)
+    assert int(batch.roi_selected.sum()) >= 4 and labelled.float().mean() < 0.5
+
+    results, grads = [], []
+    for compute in (module, lambda b: _full_sequence_losses(module, b)):
+        module.zero_grad(set_to_none=True)
+        out = compute(batch)
+        out["loss"].backward()
+        results.append({k: v.detach() for k, v in out.items()})
+        grads.append({n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None})
+    gathered, full = results
+    assert set(gathered) == set(full)
+    for key in full:
+        torch.testing.assert_close(gathered[key], full[key].float(), rtol=1e-5, atol=1e-6, msg=key)
+    assert set(grads[0]) == set(grads[1]) and "heads.roi_cls.classifier.weight" in grads[0]
+    for name in grads[1]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_mlm_head_loaded_from_bert_checkpoint(world):
     from safetensors import safe_open
 

@@ -26,6 +26,31 @@ class PredictionTransform(nn.Module):
         return x if self.layer_norm is None else self.layer_norm(x)
 
 
+class _TiedDecoder(torch.autograd.Function):
+    """logits = x W^T + b, as nn.functional.linear, with the weight gradient computed in W's own layout.
+
+    The weight is the word-embedding matrix, whose lookup also sends it a gradient. linear's backward hands
+    autograd the vocabulary x hidden weight gradient as a transposed view, which autograd cannot add the
+    lookup's gradient to in place: it allocates and writes a third vocabulary x hidden matrix every step.
+    Computed here as the contiguous g^T x, the sum is in place; the values are the same products.
+    """
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")  # backward under the forward's autocast state, as linear's
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        return torch.addmm(bias, x, weight.t())
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad_x = grad @ weight if ctx.needs_input_grad[0] else None
+        grad_weight = grad.t() @ x if ctx.needs_input_grad[1] else None
+        grad_bias = grad.sum(0) if ctx.needs_input_grad[2] else None
+        return grad_x, grad_weight, grad_bias
+
+
 class MLMHead(nn.Module):
     """Vocabulary logits; the decoder matrix is the (shared) word-embedding matrix plus its own bias."""
 
@@ -38,7 +63,11 @@ class MLMHead(nn.Module):
         self.__dict__["_word_embeddings"] = word_embeddings
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(self.transform(hidden), self._word_embeddings.weight, self.bias)
+        """hidden [..., H] -> logits [..., vocab]. Callers pass only the positions that have a label (the
+        decoder is most of the head's cost), as efficient BERT pre-training does."""
+        x = self.transform(hidden)
+        return _TiedDecoder.apply(x.reshape(-1, x.shape[-1]), self._word_embeddings.weight,
+                                  self.bias).reshape(*x.shape[:-1], -1)
 
     def load_bert_state(self, state: dict[str, torch.Tensor]) -> None:
         """BERT's cls.predictions.* weights with that prefix stripped."""

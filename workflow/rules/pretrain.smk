@@ -20,6 +20,7 @@ rule pretrain:
         "logs/pretrain/{setting}.log",
     benchmark:
         "benchmarks/rules/pretrain/{setting}.tsv"
+    priority: 1  # every pre-training starts before more fine-tuning: the last one ends sooner
     conda:
         CONDA_ENV
     threads: 1

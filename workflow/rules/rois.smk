@@ -37,6 +37,7 @@ if not config["detector"]["weights"]:
             "logs/train_detector.log",
         benchmark:
             "benchmarks/rules/train_detector.tsv"
+        priority: 2  # on the critical path: detector -> CC RoIs -> pre-training
         conda:
             CONDA_ENV
         threads: 2
@@ -65,6 +66,7 @@ if ROI_SOURCES["cc"] == "detector":
             "logs/extract_rois/cc/{split}-{shard}.log",
         benchmark:
             "benchmarks/rules/extract_rois/cc/{split}-{shard}.tsv"
+        priority: 2  # before the task RoIs, which only fine-tuning needs
         conda:
             CONDA_ENV
         threads: 1
