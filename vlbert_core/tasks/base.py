@@ -38,7 +38,8 @@ class Task:
     Names: `name` is the fine-tune task (the key under `finetune:` of the config and the
     `{task}` of results/finetune/); `eval_tasks` are the names its predictions are scored under
     (RefCOCO+ has one per region track); `derived_eval_tasks` are scored from other eval tasks'
-    predictions by a workflow script of their own (VCR's Q->AR).
+    predictions (VCR's Q->AR): `derived_inputs` names those eval tasks and `derive` writes the
+    derived eval JSON, in the workflow's rule `derive_eval`.
     """
 
     name: ClassVar[str]
@@ -106,6 +107,19 @@ class Task:
         """(metric value in percent, rows to write as the predictions file) against the official
         annotation files; torch-free."""
         raise NotImplementedError
+
+    def derived_inputs(self, derived: str) -> tuple[str, ...]:
+        """The eval tasks whose prediction files the derived eval task `derived` is scored from."""
+        raise ValueError(f"task {self.name} derives no eval task {derived!r}; it derives "
+                         f"{list(self.derived_eval_tasks)}")
+
+    def derive(self, derived: str, predictions: Mapping[str, str | Path], json_path: str | Path, *,
+               split: str, setting: str, schedule: str, dataset: str) -> dict:
+        """Score the derived eval task `derived` from `predictions` ({eval task in
+        `derived_inputs(derived)`: its predictions file}) and write its eval JSON to `json_path`
+        (atomically); returns the JSON's fields. Torch-free."""
+        raise ValueError(f"task {self.name} derives no eval task {derived!r}; it derives "
+                         f"{list(self.derived_eval_tasks)}")
 
 
 def model_side(module: str, name: str):
