@@ -206,7 +206,7 @@ def test_paper_config_plans_the_whole_table4_dag(name, tmp_path, bytecode_cache)
         "pretrain": settings,
         "finetune": finetunes,
         "evaluate": evaluations,
-        "vcr_q2ar": 2,
+        "derive_eval": 2,
         "tables": 1,
     }
     expected["total"] = sum(expected.values())
@@ -245,7 +245,7 @@ def test_paper_base_with_init_from_fine_tunes_the_released_model_without_pretrai
     assert counts["pretrain"] == settings                  # none for `released`
     assert counts["finetune"] == 4 * settings + 4 * 3      # Tables 1-3: none, full and released
     assert counts["evaluate"] == 4 * settings + (2 + 1 + 6) * 3
-    assert counts["vcr_q2ar"] == 3
+    assert counts["derive_eval"] == 3
     released_jobs = re.findall(r"rule finetune:\n\s+input: (\S+?),.*?\n\s+output: (\S+?),", proc.stdout)
     released = [inp for inp, out in released_jobs if "/released/" in out]
     assert len(released) == 4 and set(released) == {f"{init_from}/model.safetensors"}

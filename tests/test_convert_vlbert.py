@@ -385,6 +385,50 @@ def test_vcr_checkpoint_maps_pooler_scorer_and_auxiliary_classifier():
                        source["module.vlbert._module.encoder.layer.0.output.dense.weight"])
 
 
+def test_released_heads_are_read_off_the_registered_tasks():
+    """Which task a fine-tuned checkpoint is for comes from the tasks' own released head rules: each rule
+    matches a key and together they cover every key outside VL-BERT's body (VQA's head holds RefCOCO+'s keys
+    and more, so it is not taken for RefCOCO+)."""
+    from vlbert_core.convert.vlbert import detect_layout
+    from vlbert_core.tasks import registry
+    from vlbert_core.tasks.refcoco import RefcocoTask
+
+    layouts = {name: detect_layout([k[len("module."):] for k in load(name).tensors], name)
+               for name in ("vqa-base", "refcoco-base", "vcr-base", "vl-bert-base-e2e")}
+    assert {name: (layout.kind, layout.tasks) for name, layout in layouts.items()} == {
+        "vqa-base": ("vqa", ("vqa",)), "refcoco-base": ("refcoco", ("refcoco",)),
+        "vcr-base": ("vcr", ("vcr_q2a", "vcr_qa2r")), "vl-bert-base-e2e": ("pretrained", ())}
+
+    def task_choices():
+        return next(a for a in build_parser()._subparsers._group_actions[0].choices["vl-bert"]._actions
+                    if a.dest == "task").choices
+
+    assert {"vqa", "refcoco", "vcr_q2a", "vcr_qa2r"} <= set(task_choices()) and "toy" not in task_choices()
+    class ToyRefTask(RefcocoTask):   # a registered task with the same released head, of another dataset
+        name, dataset, eval_tasks = "toy", "toy", ()
+
+    registry.register(ToyRefTask)
+    try:
+        assert "toy" in task_choices()   # --task choices come from the registry
+        with pytest.raises(ConversionError, match=r"fits the released heads of tasks \['refcoco', 'toy'\]"):
+            detect_layout([k[len("module."):] for k in load("refcoco-base").tensors], "refcoco-base")
+    finally:
+        registry.unregister("toy")
+    keys = [k[len("module."):] for k in load("refcoco-base").tensors] + ["final_mlp.9.weight"]
+    with pytest.raises(ConversionError, match=r"released head of a registered task .*final_mlp\.9\.weight"):
+        detect_layout(keys, "odd")
+
+
+def test_a_task_checkpoint_needs_its_tasks_lists_and_its_own_task(tmp_path):
+    write_released(cut_down(load("vqa-base")), tmp_path / "vqa.model")
+    with pytest.raises(ConversionError, match=r"a vqa checkpoint needs the answer list.*\(--answers, one a line\)"):
+        main(["vl-bert", str(tmp_path / "vqa.model"), str(tmp_path / "out"), "--bert-path", MINILM])
+    with pytest.raises(ConversionError, match=r"a vqa checkpoint converts to task \['vqa'\], not 'refcoco'"):
+        main(["vl-bert", str(tmp_path / "vqa.model"), str(tmp_path / "out"), "--bert-path", MINILM,
+              "--task", "refcoco"])
+    assert not (tmp_path / "out").exists()
+
+
 def test_bottom_up_subcommand_passes_its_options(tmp_path, monkeypatch):
     import vlbert_core.convert.bottom_up as bottom_up
     from vlbert_core.convert.accounting import ConversionReport

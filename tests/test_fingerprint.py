@@ -16,6 +16,7 @@ JOBS = {  # (script, task) of the jobs whose fingerprints the edits below are ch
     "finetune_refcoco": ("finetune", "refcoco"),
     "evaluate_vqa": ("evaluate", "vqa"),
     "evaluate_refcoco": ("evaluate", "refcoco_det"),
+    "derive_q2ar": ("derive_eval", "vcr_q2ar"),
     "tables": ("tables", None),
 }
 
@@ -47,6 +48,11 @@ def test_editing_the_vqa_head_changes_only_vqa_jobs(tree):
 def test_editing_the_vqa_answer_normalisation_changes_vqa_finetune_and_evaluation(tree):
     changed = changed_after(tree, "vlbert_core/tasks/vqa.py", lambda s: s + "\nEXTRA_ANSWER_RULE = True\n")
     assert changed == {"finetune_vqa", "evaluate_vqa"}
+
+
+def test_editing_the_vcr_metric_changes_vcr_jobs_and_the_derived_q2ar_only(tree):
+    changed = changed_after(tree, "vlbert_core/tasks/vcr.py", lambda s: s + "\nEXTRA_VCR_RULE = True\n")
+    assert changed == {"finetune_vcr", "derive_q2ar"}
 
 
 def test_editing_the_downloader_changes_the_download_jobs_only(tree):

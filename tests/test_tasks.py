@@ -609,7 +609,7 @@ def test_finetune_resume_matches_straight_run(world, tmp_path, caplog):
     assert "belongs to another configuration" in caplog.text and "resumed from" not in caplog.text
 
 
-def test_vcr_q2ar_script_needs_no_torch(tmp_path):
+def test_derive_eval_script_scores_q2ar_without_torch(tmp_path):
     import subprocess
     import sys
     from types import SimpleNamespace
@@ -618,18 +618,35 @@ def test_vcr_q2ar_script_needs_no_torch(tmp_path):
             {"annot_id": "b", "label": 2, "prediction": 0, "probabilities": [1, 0, 0, 0]}]
     (tmp_path / "q2a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "qa2r.jsonl").write_text("".join(json.dumps({**r, "prediction": r["label"]}) + "\n" for r in rows))
-    smk = SimpleNamespace(input=SimpleNamespace(q2a=str(tmp_path / "q2a.jsonl"), qa2r=str(tmp_path / "qa2r.jsonl")),
+    smk = SimpleNamespace(input=SimpleNamespace(vcr_q2a=str(tmp_path / "q2a.jsonl"),
+                                                vcr_qa2r=str(tmp_path / "qa2r.jsonl")),
                           output=SimpleNamespace(json=str(tmp_path / "eval/val.json")),
-                          params=SimpleNamespace(setting="a", schedule="half", dataset="synthetic"),
+                          params=SimpleNamespace(task="vcr_q2ar", setting="a", schedule="half", dataset="synthetic"),
                           log=[str(tmp_path / "q2ar.log")])
-    load_script("vcr_q2ar").main(smk)
+    load_script("derive_eval").main(smk)
     result = json.loads((tmp_path / "eval/val.json").read_text())
     assert (result["task"], result["split"], result["value"], result["num_examples"]) == ("vcr_q2ar", "val", 50.0, 2)
+    assert (result["predictions"], result["predictions_qa2r"]) == (smk.input.vcr_q2a, smk.input.vcr_qa2r)
     # the script's imports stay torch-free
     code = ("import sys, runpy; sys.argv = ['x']; "
-            "runpy.run_path('workflow/scripts/vcr_q2ar.py', run_name='not_main'); "
+            "runpy.run_path('workflow/scripts/derive_eval.py', run_name='not_main'); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+def test_derived_eval_tasks_come_from_the_registry():
+    from vlbert_core.tasks.registry import derived_eval_task_names, get_task, task_of_eval
+
+    assert derived_eval_task_names() == ["vcr_q2ar"]
+    task = task_of_eval("vcr_q2ar")
+    assert task.name == "vcr_q2a" and task.derived_inputs("vcr_q2ar") == ("vcr_q2a", "vcr_qa2r")
+    with pytest.raises(ValueError, match="derives no eval task 'vcr_q2a'.*vcr_q2ar"):
+        task.derived_inputs("vcr_q2a")
+    with pytest.raises(ValueError, match="derives no eval task 'vqa'"):
+        get_task("vqa").derived_inputs("vqa")
+    with pytest.raises(ValueError, match=r"no predictions file given for \['vcr_qa2r'\]"):
+        task.derive("vcr_q2ar", {"vcr_q2a": "q2a.json"}, "out.json", split="val", setting="a",
+                    schedule="half", dataset="synthetic")
 
 
 def test_scoring_rejects_missing_or_duplicate_predictions(world, tmp_path):

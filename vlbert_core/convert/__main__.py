@@ -10,7 +10,9 @@ import argparse
 import importlib
 import sys
 
-from .vlbert import PUBLISHED_PRETRAINED
+from vlbert_core.tasks.registry import get_task
+
+from .vlbert import PUBLISHED_PRETRAINED, released_task_names, released_vocabularies, vocabulary_option
 
 BOTTOM_UP_MODULE = "vlbert_core.convert.bottom_up"
 BOTTOM_UP_FILES = ("faster_rcnn_from_caffe_attr.pkl (py-bottom-up-attention, detectron2 layout)",
@@ -25,12 +27,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{vl-bert,resnet101-pt-vgbua,bottom-up}")
 
+    # the tasks whose released fine-tuned checkpoints convert, and the lists their heads need (task registry)
+    tasks = released_task_names()
     vl = sub.add_parser(
         "vl-bert", formatter_class=argparse.RawDescriptionHelpFormatter,
-        help=f"pre-trained {', '.join(PUBLISHED_PRETRAINED)}, or the authors' fine-tuned VQA / VCR / "
-             "RefCOCO+ checkpoints -> a model directory",
-        description="IN: " + ", ".join(PUBLISHED_PRETRAINED) + ", or a fine-tuned VQA / VCR / RefCOCO+ "
-                    "checkpoint of the authors' code (<prefix>-<epoch>.model).\nOUT_DIR: a VL-BERT model "
+        help=f"pre-trained {', '.join(PUBLISHED_PRETRAINED)}, or the authors' fine-tuned checkpoints of "
+             f"{' / '.join(tasks)} -> a model directory",
+        description="IN: " + ", ".join(PUBLISHED_PRETRAINED) + ", or a fine-tuned checkpoint of "
+                    f"{' / '.join(tasks)} of the authors' code (<prefix>-<epoch>.model).\nOUT_DIR: a VL-BERT model "
                     "directory (model.safetensors + config.json) for pretrain.init_from, or for a fine-tuned "
                     "checkpoint a fine-tuned model directory with its task head; conversion_report.json beside.")
     vl.add_argument("in_path", metavar="IN")
@@ -40,13 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
                          "bert-large-uncased, as model.bert_path); recorded in the model's config.json")
     vl.add_argument("--visual-weights", default=None,
                     help="resnet101-pt-vgbua-0000.model: the visual network of the '-prec' checkpoints and the "
-                         "VQA one, which hold none (their RoI features were precomputed)")
-    vl.add_argument("--task", default=None, choices=["vqa", "refcoco", "vcr_q2a", "vcr_qa2r"],
-                    help="the task of a fine-tuned checkpoint (VCR: vcr_q2a or vcr_qa2r; others are detected)")
-    vl.add_argument("--answers", default=None,
-                    help="VQA: the answer list, one a line, in the order of the classifier's 3,129 rows")
-    vl.add_argument("--object-names", default=None,
-                    help="VCR: the 81 classes of the auxiliary RoI classifier, one a line, in row order")
+                         "fine-tuned ones that hold none (their RoI features were precomputed)")
+    vl.add_argument("--task", default=None, choices=tasks,
+                    help="the task of a fine-tuned checkpoint, read off its head; needed only to pick another "
+                         "of the tasks that share one released head (the first of them by default)")
+    for key, what in released_vocabularies().items():
+        users = [name for name in tasks if key in dict(get_task(name).released_vocabularies)]
+        vl.add_argument(vocabulary_option(key), dest=key, default=None,
+                        help=f"{' / '.join(users)}: {what}, one a line")
 
     rn = sub.add_parser("resnet101-pt-vgbua", help="resnet101-pt-vgbua-0000.model -> initial weights of the "
                                                    "ResNet-101 C4 network (detector.backbone.init_weights)",
@@ -87,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
         converted = convert_vlbert(args.in_path, args.out_dir, bert_path=args.bert_path,
                                    visual_weights=args.visual_weights, task=args.task,
-                                   answers_file=args.answers, object_names_file=args.object_names)
+                                   vocabulary_files={key: getattr(args, key) for key in released_vocabularies()})
         report = converted.report
         print(f"{args.in_path} ({converted.layout.kind}) -> {args.out_dir}: {len(report.mapped)} tensors mapped, "
               f"{len(report.dropped)} dropped, {len(report.filled)} filled ({args.out_dir}/{REPORT_FILE})")

@@ -3,8 +3,9 @@
 Inputs (jackroos/VL-BERT, torch.save({'state_dict': <DataParallel state dict, 'module.' keys>, ...})):
 - pre-trained `vl-bert-{base,large}-{e2e,prec}.model` -> a VLBertModel directory (model.safetensors +
   config.json, as pre-training writes it; `pretrain.init_from` and fine-tuning read it);
-- fine-tuned VQA / RefCOCO+ / VCR checkpoints -> a fine-tuned model directory (as tasks.finetune's
-  `save_finetuned` writes it), with the task head in the released layout (`task_heads: released`).
+- fine-tuned checkpoints of a registered task that knows its released head (VQA, RefCOCO+, VCR:
+  `Task.released_head_rules`) -> a fine-tuned model directory (as tasks.finetune's `save_finetuned`
+  writes it), with the task head in the released layout (`task_heads: released`).
 Every source tensor is mapped or dropped with a reason (conversion_report.json beside the weights);
 tensors the source registers twice are checked to be equal. The "prec" checkpoints and the VQA one hold no
 visual network (their RoI features were precomputed): its weights then come from `visual_weights`, the
@@ -25,6 +26,8 @@ import torch
 
 from vlbert_core.model.config import VLBertConfig
 from vlbert_core.model.vlbert import VLBertModel
+from vlbert_core.tasks.base import Task
+from vlbert_core.tasks.registry import get_task, registered_tasks
 
 from .accounting import ConversionError, ConversionReport, Drop, Rule, convert_state_dict
 from .manifest import read_published
@@ -40,7 +43,6 @@ OUTSIDE_REASONS = {"optimizer": "optimizer state: resumes the authors' training,
                    "validation_monitor": "the authors' best-validation bookkeeping",
                    "epoch": "training bookkeeping"}
 OUTSIDE_OTHER = "not model weights: only 'state_dict' holds the model's tensors"
-TASK_OF_KIND = {"vqa": ("vqa",), "refcoco": ("refcoco",), "vcr": ("vcr_q2a", "vcr_qa2r")}
 
 # The released VLBERT config (cfgs/*/base_*.yaml, large_*.yaml): what the checkpoint's shapes do not say.
 BERT_HEAD_DIM = 64                  # BERT-BASE 768 / 12 heads, BERT-LARGE 1024 / 16 heads
@@ -57,9 +59,10 @@ GEOMETRY_DIM = 2048                 # common/fast_rcnn.py: coordinate_embeddings
 @dataclass(frozen=True)
 class SourceLayout:
     """What a checkpoint is, read off its keys (after the 'module.' prefix is taken off)."""
-    kind: str                 # "pretrained", "vqa", "refcoco" or "vcr"
+    kind: str                 # "pretrained", or the dataset of the fine-tuned checkpoint's task ("vqa", "vcr")
     vlbert_prefix: str        # "vlbert." or, inside VCR's TimeDistributed, "vlbert._module."
     end_to_end: bool          # holds the visual network (e2e) or not (precomputed features)
+    tasks: tuple[str, ...] = ()  # the registered tasks whose released head the checkpoint holds
 
 
 def strip_module_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -77,17 +80,30 @@ def detect_layout(keys: list[str], source_name: str) -> SourceLayout:
                               f"(first keys: {sorted(keys)[:5]})")
     end_to_end = "image_feature_extractor.backbone.conv1.weight" in keyset
     if "vlbert.mlm_head.predictions.bias" in keyset:
-        kind = "pretrained"
-    elif "final_mlp.0.LayerNorm.weight" in keyset:
-        kind = "vqa"
-    elif "cnn_loss_reg.2.weight" in keyset or f"{prefix}pooler.dense.weight" in keyset:
-        kind = "vcr"
-    elif "final_mlp.2.weight" in keyset:
-        kind = "refcoco"
-    else:
-        raise ConversionError(f"{source_name}: neither pre-training heads (vlbert.mlm_head.*) nor a known task "
-                              "head (final_mlp.*) found")
-    return SourceLayout(kind=kind, vlbert_prefix=prefix, end_to_end=end_to_end)
+        return SourceLayout(kind="pretrained", vlbert_prefix=prefix, end_to_end=end_to_end)
+    body = SourceLayout(kind="", vlbert_prefix=prefix, end_to_end=end_to_end)
+    rules, drops, _ = body_rules(body, "vlbert.")
+    body_patterns = [re.compile(r.pattern) for r in [*rules, *drops]]
+    head_keys = sorted(k for k in keys if not any(p.fullmatch(k) for p in body_patterns))
+    tasks = [task for task in registered_tasks() if _holds_released_head(task(), head_keys, prefix)]
+    if not tasks:
+        known = [task.name for task in registered_tasks() if task().released_head_rules(re.escape(prefix))]
+        raise ConversionError(f"{source_name}: neither pre-training heads (vlbert.mlm_head.*) nor the released "
+                              f"head of a registered task ({known}) found; the tensors outside VL-BERT's body "
+                              f"are {head_keys[:8]}")
+    datasets = sorted({task.dataset for task in tasks})
+    if len(datasets) > 1:
+        raise ConversionError(f"{source_name}: the head fits the released heads of tasks "
+                              f"{[task.name for task in tasks]} of several datasets {datasets}")
+    return SourceLayout(kind=datasets[0], vlbert_prefix=prefix, end_to_end=end_to_end,
+                        tasks=tuple(task.name for task in tasks))
+
+
+def _holds_released_head(task: Task, head_keys: list[str], vlbert_prefix: str) -> bool:
+    """The task's released head rules each match a key, and together cover every key outside the body."""
+    patterns = [re.compile(pattern) for pattern, _ in task.released_head_rules(re.escape(vlbert_prefix))]
+    return bool(patterns) and all(any(p.fullmatch(k) for k in head_keys) for p in patterns) and \
+        all(any(p.fullmatch(k) for p in patterns) for k in head_keys)
 
 
 def _first_row(t: torch.Tensor) -> torch.Tensor:
@@ -142,22 +158,11 @@ def body_rules(layout: SourceLayout, target_prefix: str) -> tuple[list[Rule], li
     return rules, drops, aliases
 
 
-def head_rules(layout: SourceLayout) -> tuple[list[Rule], list[Drop]]:
-    """The task head of a fine-tuned checkpoint -> FinetuneModel's `head.*` / `roi_classifier.*` (released layout)."""
-    if layout.kind == "vqa":
-        return [Rule(r"final_mlp\.0\.dense\.(weight|bias)", r"head.classifier.transform.dense.\1"),
-                Rule(r"final_mlp\.0\.LayerNorm\.(weight|bias)", r"head.classifier.transform.layer_norm.\1"),
-                Rule(r"final_mlp\.2\.(weight|bias)", r"head.classifier.linear.\1")], []
-    if layout.kind == "refcoco":
-        return [Rule(r"final_mlp\.0\.dense\.(weight|bias)", r"head.mlp.transform.dense.\1"),
-                Rule(r"final_mlp\.2\.(weight|bias)", r"head.mlp.linear.\1")], []
-    if layout.kind == "vcr":
-        v = re.escape(layout.vlbert_prefix)
-        return [Rule(v + r"pooler\.dense\.(weight|bias)", r"head.pooler.\1"),
-                Rule(r"final_mlp\.1\.(weight|bias)", r"head.score.\1"),
-                Rule(r"cnn_loss_reg\.0\.dense\.(weight|bias)", r"roi_classifier.transform.dense.\1"),
-                Rule(r"cnn_loss_reg\.2\.(weight|bias)", r"roi_classifier.classifier.\1")], []
-    return [], []
+def head_rules(layout: SourceLayout, task: str) -> list[Rule]:
+    """The head of a fine-tuned checkpoint -> FinetuneModel's `head.*` / `roi_classifier.*` (released layout),
+    as the task says (`Task.released_head_rules`)."""
+    return [Rule(pattern, target) for pattern, target in
+            get_task(task).released_head_rules(re.escape(layout.vlbert_prefix))]
 
 
 def check_aliases(source: dict[str, torch.Tensor], aliases: list[tuple[str, str]], source_name: str) -> None:
@@ -261,15 +266,20 @@ def convert_vlbert_state(source: dict[str, torch.Tensor], *, source_name: str, b
 
     prefix = "" if layout.kind == "pretrained" else "vlbert."
     rules, drops, aliases = body_rules(layout, prefix)
-    task_rules, task_drops = head_rules(layout)
+    task_rules: list[Rule] = []
+    if layout.kind != "pretrained":
+        if task_meta is None:
+            raise ConversionError(f"{source_name}: a fine-tuned {layout.kind} checkpoint needs the task meta")
+        if task_meta["name"] not in layout.tasks:
+            raise ConversionError(f"{source_name}: the checkpoint holds the released head of {list(layout.tasks)}, "
+                                  f"not of task {task_meta['name']!r}")
+        task_rules = head_rules(layout, task_meta["name"])
     check_aliases(source, aliases, source_name)
 
     with torch.device("meta"):
         if layout.kind == "pretrained":
             target_model = VLBertModel(config)
         else:
-            if task_meta is None:
-                raise ConversionError(f"{source_name}: a fine-tuned {layout.kind} checkpoint needs the task meta")
             target_model = FinetuneModel(task_meta["name"], VLBertModel(config), task_meta)
     target_shapes = {k: tuple(v.shape) for k, v in target_model.state_dict().items()}
     fill = {prefix + "embeddings.visual_feature.appearance_mean": "z-scoring off (standardise_appearance: false)",
@@ -285,7 +295,7 @@ def convert_vlbert_state(source: dict[str, torch.Tensor], *, source_name: str, b
     counters = {k: "BatchNorm step counter, not in the checkpoint; kept at 0 (the BatchNorm is frozen)"
                 for k in target_shapes if k.endswith(BN_COUNTER) and k not in fill}
     fill.update(counters)
-    state, report = convert_state_dict(source, rules + task_rules, drops + task_drops, target_shapes,
+    state, report = convert_state_dict(source, rules + task_rules, drops, target_shapes,
                                        source_name=source_name, fill=fill)
     for key in report.filled:
         if key in counters:
@@ -299,33 +309,48 @@ def convert_vlbert_state(source: dict[str, torch.Tensor], *, source_name: str, b
     return Converted(config=config, layout=layout, state=state, report=report)
 
 
-def task_meta_for(kind: str, task: str | None, *, bert_path: str, answers: list[str] | None,
-                  object_names: list[str] | None, source_name: str) -> dict[str, Any]:
-    """The fine-tuned model's meta (tasks.finetune) for a released task checkpoint."""
+def released_vocabularies() -> dict[str, str]:
+    """{meta key: what its file lists} of every registered task's released checkpoint (`--answers`, ...)."""
+    vocabularies: dict[str, str] = {}
+    for task in registered_tasks():
+        for key, what in task.released_vocabularies:
+            vocabularies.setdefault(key, what)
+    return vocabularies
+
+
+def released_task_names() -> list[str]:
+    """The registered tasks whose released fine-tuned checkpoints convert (`--task` choices)."""
+    return [task.name for task in registered_tasks() if task().released_head_rules(re.escape("vlbert."))]
+
+
+def task_meta_for(layout: SourceLayout, task: str | None, *, bert_path: str, vocabularies: dict[str, list[str]],
+                  source_name: str) -> dict[str, Any]:
+    """The fine-tuned model's meta (tasks.finetune) for a released task checkpoint; `vocabularies`: the
+    lists read from the `released_vocabularies` files given ({meta key: lines})."""
     from vlbert_core.model import load_tokenizer
 
-    tasks = TASK_OF_KIND[kind]
+    tasks = list(layout.tasks)
     task = task or tasks[0]
     if task not in tasks:
-        raise ConversionError(f"{source_name}: a {kind} checkpoint converts to task {tasks}, not {task!r}")
+        raise ConversionError(f"{source_name}: a {layout.kind} checkpoint converts to task {tasks}, not {task!r}")
     if not bert_path:
         raise ConversionError(f"{source_name}: a fine-tuned checkpoint needs --bert-path (its tokenizer gives [MASK])")
     meta: dict[str, Any] = {"name": task, "setting": "released", "schedule": "released", "schedule_factor": 1.0,
                             "seed": 0, "pretrained": source_name, "tune_frcnn": False, "max_rois": 101,
                             "image_max_side": 1000, "max_text_len": 64, "batch_size": 64,
                             "mask_id": int(load_tokenizer(bert_path).mask_token_id)}
-    if kind == "vqa":
-        if not answers:
-            raise ConversionError(f"{source_name}: a VQA checkpoint needs its answer list (--answers, one a line, "
-                                  "in the order of the classifier's rows)")
-        meta["answers"] = list(answers)
-    if kind == "vcr":
-        if not object_names:
-            raise ConversionError(f"{source_name}: a VCR checkpoint needs the object classes of its auxiliary "
-                                  "RoI classifier (--object-names, one a line, in the order of its rows)")
-        meta["object_names"] = list(object_names)
-        meta["aux_roi_loss_weight"] = 1.0
+    task_class = get_task(task)
+    for key, what in task_class.released_vocabularies:
+        if not vocabularies.get(key):
+            raise ConversionError(f"{source_name}: a {task} checkpoint needs {what} ({vocabulary_option(key)}, "
+                                  "one a line)")
+    meta.update(task_class.released_meta(vocabularies))
     return meta
+
+
+def vocabulary_option(key: str) -> str:
+    """The command-line option of a `released_vocabularies` meta key: answers -> --answers."""
+    return "--" + key.replace("_", "-")
 
 
 def _read_lines(path: str | os.PathLike | None) -> list[str] | None:
@@ -337,9 +362,9 @@ def _read_lines(path: str | os.PathLike | None) -> list[str] | None:
 
 def convert_vlbert(in_path: str | os.PathLike, out_dir: str | os.PathLike, *, bert_path: str = "",
                    visual_weights: str | os.PathLike | None = None, task: str | None = None,
-                   answers_file: str | os.PathLike | None = None,
-                   object_names_file: str | os.PathLike | None = None) -> Converted:
-    """Convert one released checkpoint file into the directory `out_dir` (written whole, then renamed)."""
+                   vocabulary_files: dict[str, str | os.PathLike | None] | None = None) -> Converted:
+    """Convert one released checkpoint file into the directory `out_dir` (written whole, then renamed).
+    `vocabulary_files`: {meta key of a task's `released_vocabularies`: its file, one entry a line}."""
     from vlbert_core.tasks.finetune import FinetuneModel, save_finetuned
 
     out_dir = Path(out_dir)
@@ -351,8 +376,8 @@ def convert_vlbert(in_path: str | os.PathLike, out_dir: str | os.PathLike, *, be
     layout = detect_layout(list(strip_module_prefix(source)), source_name)
     meta = None
     if layout.kind != "pretrained":
-        meta = task_meta_for(layout.kind, task, bert_path=bert_path, answers=_read_lines(answers_file),
-                             object_names=_read_lines(object_names_file), source_name=source_name)
+        vocabularies = {key: _read_lines(path) for key, path in (vocabulary_files or {}).items() if path}
+        meta = task_meta_for(layout, task, bert_path=bert_path, vocabularies=vocabularies, source_name=source_name)
     visual = None if visual_weights is None else read_published(visual_weights, ())
     converted = convert_vlbert_state(source, source_name=source_name, bert_path=bert_path, visual=visual,
                                      visual_name=str(visual_weights), task_meta=meta)

@@ -4,7 +4,7 @@ Modules:
 - `base`: the `Task` class, what every task defines; `registry`: task names -> task classes.
 - `vqa`, `vcr`, `refcoco`: one module per task: the loaders of the official files, answer/text
   handling, the official metrics, and the task's `Task` class (torch-free at import, so
-  `workflow/scripts/vcr_q2ar.py` and the scoring can use them without torch).
+  the scoring and the derived-eval jobs can use them without torch).
 - `common`: task image loading/resizing and the task RoI parquet reader (torch-free).
 - `samples`: what every task's model-ready samples and batches share (torch).
 - `modeling`: one module per task with its samples and heads (torch), reached through

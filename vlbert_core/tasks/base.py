@@ -38,7 +38,8 @@ class Task:
     Names: `name` is the fine-tune task (the key under `finetune:` of the config and the
     `{task}` of results/finetune/); `eval_tasks` are the names its predictions are scored under
     (RefCOCO+ has one per region track); `derived_eval_tasks` are scored from other eval tasks'
-    predictions by a workflow script of their own (VCR's Q->AR).
+    predictions (VCR's Q->AR): `derived_inputs` names those eval tasks and `derive` writes the
+    derived eval JSON, in the workflow's rule `derive_eval`.
     """
 
     name: ClassVar[str]
@@ -56,6 +57,10 @@ class Task:
     # modules (relative to the vlbert_core package) that only this task's dataset uses; a job of
     # another task leaves them out of its code fingerprint
     owned_modules: ClassVar[tuple[str, ...]] = ()
+    # the lists the head of the authors' released fine-tuned checkpoint of this task needs in the
+    # task meta, which the checkpoint does not hold: (meta key, what its file lists, one a line);
+    # the converter reads each from `--<meta key with - for _>` (python -m vlbert_core.convert)
+    released_vocabularies: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     @classmethod
     def eval_task_names(cls) -> tuple[str, ...]:
@@ -132,6 +137,36 @@ class Task:
         """(metric value in percent, rows to write as the predictions file) against the official
         annotation files; torch-free."""
         raise NotImplementedError
+
+    # ---- the authors' released fine-tuned checkpoints (python -m vlbert_core.convert vl-bert) --------
+
+    def released_head_rules(self, vlbert: str) -> tuple[tuple[str, str], ...]:
+        """How the head of the authors' fine-tuned checkpoint of this task maps onto this task's
+        heads in the released layout (`task_heads: released`): (full-match regex of a checkpoint
+        key, `re` template of our `head.*` / `roi_classifier.*` key) pairs; () when the authors
+        released none. Checkpoint keys have 'module.' taken off; `vlbert` is the regex of the
+        checkpoint's VL-BERT prefix ('vlbert.', or VCR's 'vlbert._module.'). The converter takes
+        a checkpoint for this task when these rules, each matching a key, cover every key outside
+        VL-BERT's body."""
+        return ()
+
+    def released_meta(self, vocabularies: Mapping[str, list[str]]) -> dict[str, Any]:
+        """The task meta entries of a converted released checkpoint beyond the shared ones, from
+        the lists named in `released_vocabularies` (each given and non-empty)."""
+        return {key: list(vocabularies[key]) for key, _ in self.released_vocabularies}
+
+    def derived_inputs(self, derived: str) -> tuple[str, ...]:
+        """The eval tasks whose prediction files the derived eval task `derived` is scored from."""
+        raise ValueError(f"task {self.name} derives no eval task {derived!r}; it derives "
+                         f"{list(self.derived_eval_tasks)}")
+
+    def derive(self, derived: str, predictions: Mapping[str, str | Path], json_path: str | Path, *,
+               split: str, setting: str, schedule: str, dataset: str) -> dict:
+        """Score the derived eval task `derived` from `predictions` ({eval task in
+        `derived_inputs(derived)`: its predictions file}) and write its eval JSON to `json_path`
+        (atomically); returns the JSON's fields. Torch-free."""
+        raise ValueError(f"task {self.name} derives no eval task {derived!r}; it derives "
+                         f"{list(self.derived_eval_tasks)}")
 
 
 def model_side(module: str, name: str):

@@ -53,6 +53,11 @@ def eval_task_names() -> list[str]:
     return [name for cls in _TASKS.values() for name in cls.eval_task_names()]
 
 
+def derived_eval_task_names() -> list[str]:
+    """Every eval task the registered tasks derive from other eval tasks' predictions."""
+    return [name for cls in _TASKS.values() for name in cls.derived_eval_tasks]
+
+
 def get_task(name: str) -> Task:
     """The task fine-tuned under `name`, or an error listing the registered ones."""
     if name not in _TASKS:

@@ -7,7 +7,7 @@ a reference to several objects joins the names with "and". Every WordPiece of a 
 the object it came from, so the caller can give those word positions the referenced box's visual
 feature (box i of the metadata is box i + 1 of the model input; box 0 is the whole image).
 
-Torch-free (the Q->AR script imports it without torch).
+Torch-free (the derived-eval job scores Q->AR with it, without torch).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from .base import Task, TaskHeads, TaskLoss, check_prediction_ids, check_text_fi
 log = get_logger(__name__)
 
 NUM_CANDIDATES = 4
+Q2AR = "vcr_q2ar"  # the derived eval task: answer and rationale both right
 NO_OBJECT = -1  # reference value of a word that names no object
 
 
@@ -322,13 +323,13 @@ def write_q2ar_json(q2a_path: str | os.PathLike, qa2r_path: str | os.PathLike,
     from vlbert_core.utils import atomic_path
 
     value, count = q2ar_from_prediction_files(q2a_path, qa2r_path)
-    result = {"task": "vcr_q2ar", "metric": "accuracy", "value": value, "split": split,
+    result = {"task": Q2AR, "metric": "accuracy", "value": value, "split": split,
               "num_examples": count, "predictions": str(q2a_path),
               "predictions_qa2r": str(qa2r_path), "setting": setting, "schedule": schedule,
               "model_dir": None, "dataset": dataset}
     with atomic_path(json_path) as tmp:
         tmp.write_text(json.dumps(result, indent=1) + "\n")
-    log.info("vcr_q2ar %s: accuracy = %.2f over %d questions", split, value, count)
+    log.info("%s %s: accuracy = %.2f over %d questions", Q2AR, split, value, count)
     return result
 
 
@@ -411,6 +412,8 @@ class VcrTask(Task):
     metric = "accuracy"
     rows_per_image = NUM_CANDIDATES
     owned_modules = ("tasks/vcr.py", "tasks/modeling/vcr.py")
+    released_vocabularies = (("object_names", "the classes of the auxiliary RoI classifier, in the order "
+                                              "of its rows (81 in the authors' checkpoint)"),)
 
     def prepare(self, meta, hparams, sources):
         items = load_vcr(split_path(sources["annotations"], self.train_split))
@@ -561,14 +564,41 @@ class VcrTask(Task):
     def score(self, eval_task, split, rows, sources, where):
         return score_vcr(rows, split_path(sources["annotations"], split), self.mode, where)
 
+    def released_head_rules(self, vlbert):
+        # one released head serves Q->A and QA->R: VL-BERT's pooler (inside TimeDistributed,
+        # `vlbert._module.`) feeds the 1-unit scorer final_mlp.1; cnn_loss_reg is the auxiliary
+        # RoI classifier
+        return ((vlbert + r"pooler\.dense\.(weight|bias)", r"head.pooler.\1"),
+                (r"final_mlp\.1\.(weight|bias)", r"head.score.\1"),
+                (r"cnn_loss_reg\.0\.dense\.(weight|bias)", r"roi_classifier.transform.dense.\1"),
+                (r"cnn_loss_reg\.2\.(weight|bias)", r"roi_classifier.classifier.\1"))
+
+    def released_meta(self, vocabularies):
+        # the authors' VCR configs weigh the auxiliary RoI loss 1.0
+        return {**super().released_meta(vocabularies), "aux_roi_loss_weight": 1.0}
+
 
 class VcrQ2ATask(VcrTask):
     """VCR Q->A: <Question, Answer candidate, Image>."""
 
     name = "vcr_q2a"
     mode = "q2a"
-    # Q->AR is right when both Q->A and QA->R are; workflow/scripts/vcr_q2ar.py scores it from both
-    derived_eval_tasks = ("vcr_q2ar",)
+    # Q->AR is right when both Q->A and QA->R are: scored from both tasks' predictions
+    derived_eval_tasks = (Q2AR,)
+
+    def derived_inputs(self, derived):
+        if derived == Q2AR:
+            return (VcrQ2ATask.name, VcrQA2RTask.name)
+        return super().derived_inputs(derived)
+
+    def derive(self, derived, predictions, json_path, *, split, setting, schedule, dataset):
+        inputs = self.derived_inputs(derived)
+        missing = [name for name in inputs if name not in predictions]
+        if missing:
+            raise ValueError(f"{derived} {split}: no predictions file given for {missing} "
+                             f"(got {sorted(predictions)})")
+        return write_q2ar_json(predictions[VcrQ2ATask.name], predictions[VcrQA2RTask.name], json_path,
+                               split=split, setting=setting, schedule=schedule, dataset=dataset)
 
 
 class VcrQA2RTask(VcrTask):

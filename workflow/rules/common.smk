@@ -17,6 +17,7 @@ from vlbert_core.tables import TABLE_SPECS
 CONDA_ENV = "../../envs/vlbert.yaml"
 from vlbert_core.tasks.registry import (
     dataset_splits,
+    derived_eval_task_names,
     eval_task_names,
     get_task,
     roi_datasets,
@@ -58,6 +59,8 @@ FINETUNE_SETTINGS = list(config["pretrain"]["settings"]) + (
 # The tasks, their datasets and eval tasks: vlbert_core/tasks/registry.py.
 FINETUNE_TASKS = task_names()
 EVAL_TASKS = eval_task_names()
+# Eval tasks scored from other eval tasks' predictions (rule derive_eval).
+DERIVED_EVAL_TASKS = derived_eval_task_names()
 
 TABLES = expand(
     "results/tables/{table}.{ext}", table=list(TABLE_SPECS), ext=["csv", "md"]
@@ -188,6 +191,18 @@ def eval_targets(task):
 
 def eval_json(eval_task, setting, schedule, split):
     return f"results/eval/{eval_task}/{setting}/{schedule}/{split}.json"
+
+
+def eval_predictions(eval_task, setting, schedule, split):
+    return f"results/eval/{eval_task}/{setting}/{schedule}/{split}.predictions.json"
+
+
+def derived_eval_inputs(derived_task, setting, schedule, split):
+    """{eval task: its predictions file} a derived eval task is scored from (its task's `derived_inputs`)."""
+    return {
+        eval_task: eval_predictions(eval_task, setting, schedule, split)
+        for eval_task in task_of_eval(derived_task).derived_inputs(derived_task)
+    }
 
 
 def table_evals(table):

@@ -39,25 +39,36 @@ rule evaluate:
         "../scripts/evaluate.py"
 
 
-rule vcr_q2ar:
-    input:
-        q2a="results/eval/vcr_q2a/{setting}/{schedule}/{split}.predictions.json",
-        qa2r="results/eval/vcr_qa2r/{setting}/{schedule}/{split}.predictions.json",
-    output:
-        json="results/eval/vcr_q2ar/{setting}/{schedule}/{split}.json",
-    log:
-        "logs/evaluate/vcr_q2ar/{setting}/{schedule}/{split}.log",
-    conda:
-        CONDA_ENV
-    threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=10,
-    params:
-        code=code("vcr_q2ar"),
-        setting=lambda wc: wc.setting,
-        schedule=lambda wc: wc.schedule,
-        split=lambda wc: wc.split,
-        dataset=config["dataset"],
-    script:
-        "../scripts/vcr_q2ar.py"
+if DERIVED_EVAL_TASKS:
+
+    # Eval tasks scored from other eval tasks' predictions (VCR Q->AR), by the task that derives them.
+    rule derive_eval:
+        input:
+            unpack(
+                lambda wc: derived_eval_inputs(
+                    wc.derived_task, wc.setting, wc.schedule, wc.split
+                )
+            ),
+        output:
+            json="results/eval/{derived_task}/{setting}/{schedule}/{split}.json",
+        log:
+            "logs/evaluate/{derived_task}/{setting}/{schedule}/{split}.log",
+        benchmark:
+            "benchmarks/rules/derive_eval/{derived_task}/{setting}/{schedule}/{split}.tsv"
+        wildcard_constraints:
+            derived_task="|".join(DERIVED_EVAL_TASKS),
+        conda:
+            CONDA_ENV
+        threads: 1
+        resources:
+            mem_mb=1000,
+            runtime=10,
+        params:
+            code=lambda wc: code("derive_eval", wc.derived_task),
+            task=lambda wc: wc.derived_task,
+            setting=lambda wc: wc.setting,
+            schedule=lambda wc: wc.schedule,
+            split=lambda wc: wc.split,
+            dataset=config["dataset"],
+        script:
+            "../scripts/derive_eval.py"

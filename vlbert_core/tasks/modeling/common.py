@@ -19,7 +19,7 @@ def mask_output(sequence_output: torch.Tensor, input_ids: torch.Tensor, mask_id:
     counts = is_mask.sum(dim=1)
     if not bool((counts == 1).all()):
         bad = (counts != 1).nonzero().flatten().tolist()
-        raise ValueError(f"VQA sequences must hold exactly one [MASK]; samples {bad} hold "
+        raise ValueError(f"each sequence must hold exactly one [MASK]; samples {bad} hold "
                          f"{counts[bad].tolist()}")
     return sequence_output[is_mask]
 

@@ -1,16 +1,19 @@
-"""Snakemake entry point: VCR Q->AR accuracy from the Q->A and QA->R prediction files (no torch)."""
+"""Snakemake entry point: a derived eval task's eval JSON (VCR Q->AR) from other eval tasks'
+prediction files, scored by the task that derives it (no torch)."""
 
 from pathlib import Path
 
-from vlbert_core.tasks.vcr import write_q2ar_json
+from vlbert_core.tasks.registry import task_of_eval
 from vlbert_core.utils import setup_logging
 
 
 def main(smk) -> None:
     setup_logging(smk.log[0])
-    write_q2ar_json(
-        smk.input.q2a,
-        smk.input.qa2r,
+    derived = smk.params.task
+    task = task_of_eval(derived)
+    task.derive(
+        derived,
+        {name: getattr(smk.input, name) for name in task.derived_inputs(derived)},
         smk.output.json,
         # without a `split` param the eval JSON is named after its split (…/val.json)
         split=getattr(smk.params, "split", None) or Path(smk.output.json).stem,
