@@ -91,12 +91,12 @@ def test_bootstrap_agrees_with_scipy_paired_t_test_on_a_large_sample():
     assert paired_bootstrap(a, b) == pytest.approx(reference, abs=0.01)
 
 
-def test_paired_p_value_picks_the_test_by_outcome_kind():
+def test_paired_p_value_runs_the_named_test():
     a, b = pairs(both=5, only_a=6, only_b=1, neither=2)
-    assert paired_p_value("correct", a, b) == mcnemar_exact(a, b)
-    assert paired_p_value("score", a, b) == paired_bootstrap(a, b)
-    with pytest.raises(ValueError, match="unknown per-example outcome 'iou'"):
-        paired_p_value("iou", a, b)
+    assert paired_p_value("mcnemar", a, b) == mcnemar_exact(a, b)
+    assert paired_p_value("bootstrap", a, b) == paired_bootstrap(a, b)
+    with pytest.raises(ValueError, match="unknown paired test 'wilcoxon'"):
+        paired_p_value("wilcoxon", a, b)
 
 
 def test_format_p_value():

@@ -87,15 +87,16 @@ def _paired(values_a: Sequence[float], values_b: Sequence[float]) -> tuple[np.nd
     return a, b
 
 
-PAIRED_TESTS = {"correct": mcnemar_exact, "score": paired_bootstrap}
+# by name, as a task names its test (`Task.paired_test`): McNemar for 0/1 outcomes, the bootstrap
+# for soft scores
+PAIRED_TESTS = {"mcnemar": mcnemar_exact, "bootstrap": paired_bootstrap}
 
 
-def paired_p_value(outcome: str, values_a: Sequence[float], values_b: Sequence[float]) -> float:
-    """The p-value of the test that fits the outcome kind: `correct` (0/1 per example) -> exact
-    McNemar, `score` (a soft score per example) -> paired bootstrap."""
-    if outcome not in PAIRED_TESTS:
-        raise ValueError(f"unknown per-example outcome {outcome!r}; expected one of {sorted(PAIRED_TESTS)}")
-    return PAIRED_TESTS[outcome](values_a, values_b)
+def paired_p_value(test: str, values_a: Sequence[float], values_b: Sequence[float]) -> float:
+    """The p-value of the paired test named `test` (a key of `PAIRED_TESTS`)."""
+    if test not in PAIRED_TESTS:
+        raise ValueError(f"unknown paired test {test!r}; expected one of {sorted(PAIRED_TESTS)}")
+    return PAIRED_TESTS[test](values_a, values_b)
 
 
 def format_p_value(p: float) -> str:

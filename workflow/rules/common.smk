@@ -11,7 +11,8 @@ from pathlib import Path
 from vlbert_core.fingerprint import code_fingerprint
 from vlbert_core.pretrain.launch import Launch
 from vlbert_core.pretrain.settings import RELEASED_SETTING
-from vlbert_core.tables import TABLE_SPECS
+from vlbert_core.tables import table_specs
+from vlbert_core.tables.build import outcome_paths
 
 # Every rule's software, for `--software-deployment-method conda` (relative to workflow/rules/).
 CONDA_ENV = "../../envs/vlbert.yaml"
@@ -59,6 +60,8 @@ FINETUNE_SETTINGS = list(config["pretrain"]["settings"]) + (
 FINETUNE_TASKS = task_names()
 EVAL_TASKS = eval_task_names()
 
+# Tables 1-4, their columns from the registered tasks (vlbert_core/tables/build.py)
+TABLE_SPECS = table_specs()
 TABLES = expand(
     "results/tables/{table}.{ext}", table=list(TABLE_SPECS), ext=["csv", "md"]
 )
@@ -191,15 +194,18 @@ def eval_json(eval_task, setting, schedule, split):
 
 
 def table_evals(table):
-    """The eval JSONs a table reads: its measured columns for each of its settings (tables/build.py)."""
+    """What a table reads: the eval JSON of each measured column for each of its settings, and the
+    predictions files of the paired tests against `none` (tables/build.py)."""
     spec = TABLE_SPECS[table]
-    return [
-        eval_json(eval_task, setting, spec.schedule, split)
-        for setting in spec.measured_settings(
-            config["pretrain"]["settings"], bool(INIT_FROM)
-        )
-        for eval_task, split in spec.eval_targets()
-    ]
+    files = []
+    for setting in spec.measured_settings(
+        config["pretrain"]["settings"], bool(INIT_FROM)
+    ):
+        for eval_task, split in spec.eval_targets():
+            files.append(eval_json(eval_task, setting, spec.schedule, split))
+            args = (Path("results"), eval_task, setting, spec.schedule, split)
+            files += [str(path) for path in outcome_paths(*args)]
+    return list(dict.fromkeys(files))  # a derived eval reads the predictions of others
 
 
 def print_where_results_are():
