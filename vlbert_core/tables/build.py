@@ -182,7 +182,7 @@ def p_column(col: TableColumn) -> str:
     return f"{col.name}_p_vs_{BASELINE_SETTING}"
 
 
-def _switch_cells(setting: str) -> dict:
+def switch_cells(setting: str) -> dict:
     switches = get_setting(setting).to_dict()
     return {name: ("✓" if switches[name] else "") for name in SWITCH_COLUMNS}
 
@@ -223,7 +223,7 @@ def build_table(
     def reported_row(model: str, setting: str) -> dict:
         row = {"source": "reported", "model": model, "setting": setting, "schedule": "", "dataset": "real"}
         if spec.switch_columns:
-            row.update(_switch_cells(setting))
+            row.update(switch_cells(setting))
         for r in reported:
             if r["model"] == model:
                 row[r["column"]] = r["value"]
@@ -240,7 +240,7 @@ def build_table(
             "dataset": dataset,
         }
         if spec.switch_columns:
-            row.update(_switch_cells(setting))
+            row.update(switch_cells(setting))
         for col in spec.columns:
             if paper_row is not None and col.name in paper_row:
                 row[f"{col.name}_paper"] = paper_row[col.name]
@@ -320,7 +320,7 @@ def markdown_table(spec: TableSpec, rows: list[dict], dataset: str) -> str:
             by_setting.setdefault(row["setting"], {})[row["source"]] = row
         for setting, pair in by_setting.items():
             paper, measured = pair.get("reported", {}), pair.get("measured", {})
-            switches = _switch_cells(setting) if spec.switch_columns else {}
+            switches = switch_cells(setting) if spec.switch_columns else {}
             cells = [SETTING_NAMES[setting]] + [switches[s] for s in SWITCH_COLUMNS if s in switches]
             cells += [f"{fmt(paper.get(c.name))} / {ours(measured, c)}" for c in spec.columns]
             lines.append("| " + " | ".join(cells) + " |")

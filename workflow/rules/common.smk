@@ -13,6 +13,8 @@ from vlbert_core.pretrain.launch import Launch
 from vlbert_core.pretrain.settings import RELEASED_SETTING
 from vlbert_core.tables import table_specs
 from vlbert_core.tables.build import outcome_paths
+from vlbert_core.tables.seeds import check_seeds, seed_eval_paths
+from snakemake.io import flag
 
 # Every rule's software, for `--software-deployment-method conda` (relative to workflow/rules/).
 CONDA_ENV = "../../envs/vlbert.yaml"
@@ -74,6 +76,7 @@ wildcard_constraints:
     schedule="|".join(config["finetune"]["schedules"]),
     finetune_task="|".join(FINETUNE_TASKS),
     eval_task="|".join(EVAL_TASKS),
+    seed=r"\d+",
 
 
 def pretrain_resources():
@@ -286,3 +289,50 @@ def bert_checkpoint_input():
 
 def conversion_inputs(entry):
     return {key: entry[key] for key in CONVERSION_FILE_KEYS if entry.get(key)}
+
+
+# Table 4 over training seeds (config/seeds.yaml, workflow/rules/seeds.smk): each seed's pre-training,
+# fine-tuning and evals under results/seeds/<seed>/; the config's own seed is the default run.
+SEED_DIR = "results/seeds/{seed}/"
+
+
+def seeded_outputs(rule):
+    """A rule's named outputs moved under results/seeds/{seed}/, flags (directory, temp) kept, so
+    a seeded copy of the rule writes what the rule writes."""
+    outputs = rule.rule.output
+    named = dict(outputs.items())
+    if len(named) != len(outputs):
+        raise ValueError(f"the seeded copy of {rule.name} needs every output named")
+    seeded = {}
+    for name, path in named.items():
+        seeded[name] = f"{SEED_DIR}{str(path).removeprefix('results/')}"
+        for key, value in path.flags.items():
+            seeded[name] = flag(seeded[name], key, value)
+    return seeded
+
+
+def inputs_with(rule, **changed):
+    """A rule's named inputs with some replaced (a `with: input:` of a reused rule replaces them all)."""
+    inputs = rule.rule.input
+    named = dict(inputs.items())
+    if len(named) != len(inputs):
+        raise ValueError(f"the seeded copy of {rule.name} needs every input named")
+    return {**named, **changed}
+
+
+def seed_pretrained_model(wildcards):
+    setting = wildcards.setting
+    return f"results/seeds/{wildcards.seed}/pretrain/{setting}/model.safetensors"
+
+
+def seed_finetune_predictions(wildcards):
+    task = eval_to_finetune_task(wildcards.eval_task)
+    run = f"{task}/{wildcards.setting}/{wildcards.schedule}"
+    return f"results/seeds/{wildcards.seed}/finetune/{run}/predictions.json"
+
+
+def seed_table_evals(wildcards):
+    """The eval JSONs of Table 4 for every seed of config `seeds` (the config's seed: results/)."""
+    check_seeds(config["seeds"])
+    args = ("results", config["seeds"], config["seed"], config["pretrain"]["settings"])
+    return [str(path) for path in seed_eval_paths(*args)]
