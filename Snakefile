@@ -30,6 +30,7 @@ include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/finetune.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/tables.smk"
+include: "workflow/rules/seeds.smk"
 include: "workflow/rules/report.smk"
 
 

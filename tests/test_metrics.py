@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vlbert_core.tasks import registry
 from vlbert_core.tasks import refcoco as refcoco_lib
 from vlbert_core.tasks import vcr as vcr_lib
 from vlbert_core.tasks import vqa as vqa_lib
@@ -192,11 +193,14 @@ def test_vqa_predictions_file_is_the_official_results_format(tmp_path):
     assert json.loads((tmp_path / "eval.json").read_text())["value"] == 63.33
 
     # what the official loadRes accepts: a JSON list of {"question_id", "answer"}, every question
-    # of the annotations exactly once
+    # of the annotations exactly once; each row also carries its question's accuracy (a key loadRes
+    # ignores) for the tables' paired test
     submitted = json.loads((tmp_path / "val.predictions.json").read_text())
-    assert isinstance(submitted, list) and submitted == rows
+    assert isinstance(submitted, list)
+    assert [{k: e[k] for k in ("question_id", "answer")} for e in submitted] == rows
+    assert [e["accuracy"] for e in submitted] == [0.0, pytest.approx(0.9), 1.0]
     for entry in submitted:
-        assert set(entry) == {"question_id", "answer"}
+        assert set(entry) == {"question_id", "answer", "accuracy"}
         assert type(entry["question_id"]) is int and isinstance(entry["answer"], str)
     annotations = json.loads((tmp_path / "a_val.json").read_text())["annotations"]
     assert sorted(e["question_id"] for e in submitted) == sorted(a["question_id"] for a in annotations)
@@ -304,3 +308,27 @@ def test_vcr_q2ar_from_prediction_files(tmp_path):
                 for i, (p, lab) in enumerate(zip(preds, labels))]
         (tmp_path / f"{name}.json").write_text(json.dumps(rows))
     assert vcr_lib.q2ar_from_prediction_files(tmp_path / "q2a.json", tmp_path / "qa2r.json") == (50.0, 4)
+    # per question, for the tables' paired test: right only when both are (val-0 and val-2)
+    task = registry.task_of_eval("vcr_q2ar")
+    assert task.outcome_eval_tasks("vcr_q2ar") == ("vcr_q2a", "vcr_qa2r")
+    assert task.example_outcomes("vcr_q2ar", [tmp_path / "q2a.json", tmp_path / "qa2r.json"]) == {
+        ("val-0",): 1.0, ("val-1",): 0.0, ("val-2",): 1.0, ("val-3",): 0.0}
+
+
+def test_scored_vcr_rows_carry_per_example_correctness(tmp_path):
+    from vlbert_core.tasks.vcr import score_vcr
+
+    jsonl = tmp_path / "val.jsonl"
+    item = {"objects": ["person"], "question": ["why", [0]], "answer_choices": [["a"]] * 4,
+            "rationale_choices": [["r"]] * 4, "img_fn": "x.jpg", "metadata_fn": "x.json",
+            "answer_label": 2, "rationale_label": 1}
+    jsonl.write_text("\n".join(json.dumps({**item, "annot_id": f"val-{i}"}) for i in range(2)) + "\n")
+    value, rows = score_vcr([{"annot_id": "val-0", "prediction": 2}, {"annot_id": "val-1", "prediction": 0}],
+                            str(jsonl), "q2a", "test")
+    assert value == 50.0 and [r["correct"] for r in rows] == [True, False]
+    (tmp_path / "scored.json").write_text(json.dumps(rows))
+    assert registry.get_task("vcr_q2a").example_outcomes("vcr_q2a", [tmp_path / "scored.json"]) == {
+        ("val-0",): 1.0, ("val-1",): 0.0}
+    (tmp_path / "bad.json").write_text(json.dumps([{"annot_id": "val-0"}]))
+    with pytest.raises(ValueError, match=r"bad.json row #0: no usable KeyError\('correct'\)"):
+        registry.get_task("vcr_q2a").example_outcomes("vcr_q2a", [tmp_path / "bad.json"])

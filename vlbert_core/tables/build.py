@@ -1,8 +1,8 @@
 """Tables 1–4 of the paper with our measured numbers beside the reported ones.
 
-This module reads eval JSONs only (never models or data). Every measured cell is copied from one
-eval JSON, and the row names that JSON, its split and its example count, so a number can always be
-traced to the predictions it was computed from. A cell we did not measure stays empty and the row's
+This module reads eval JSONs and their scored predictions files only (never models or data). Every
+measured cell is copied from one eval JSON, and the row names that JSON, its split and its example
+count, so a number can always be traced to the predictions it was computed from. A cell we did not measure stays empty and the row's
 `note` says why; it is never filled with the paper's number.
 
 CSV layout (one file per table, `results/tables/{name}.csv`):
@@ -11,8 +11,14 @@ CSV layout (one file per table, `results/tables/{name}.csv`):
   "paper, then ours";
 - the metric columns come first and side by side: `{col}` (the row's number) and, on measured rows,
   `{col}_paper` (the paper's number for the same setting, for reading without looking up a row);
+- `{col}_p_vs_none` (measured columns only): on a measured row of a pre-trained setting, the p-value
+  of the paired test of its predictions against setting `none`'s on the same examples
+  (vlbert_core.stats, docs/significance.md); empty on `none`'s own row and on the paper's rows;
 - then where each measured number came from: `{col}_split`, `{col}_examples`, `{col}_eval`;
 - `note` says why a cell is empty.
+
+The columns are the tasks' own (`Task.paper_table`, `Task.ablation_columns`): a table lists what the
+registered tasks give it, so no code here names a task.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from importlib import resources
 from pathlib import Path
 
 from vlbert_core.pretrain.settings import RELEASED_SETTING, get_setting
+from vlbert_core.stats import format_p_value, paired_p_value
+from vlbert_core.tasks.base import TableColumn
+from vlbert_core.tasks.registry import ablation_columns, paper_tables, task_of_eval
 from vlbert_core.utils import atomic_path, get_logger
 
 log = get_logger(__name__)
@@ -43,25 +52,15 @@ SWITCH_COLUMNS = ["mlm_visual", "masked_roi_cls", "relationship", "text_corpus",
 SWITCH_TITLES = ["MLM w/ visual clues", "masked RoI cls", "sentence-image rel.", "text-only corpus",
                  "tuning Fast R-CNN"]
 PAPER = "Su et al., ICLR 2020"
-
-
-@dataclass(frozen=True)
-class Column:
-    """One metric column of a paper table and the eval that measures it (None: not measurable here)."""
-
-    name: str
-    title: str
-    eval_task: str | None
-    eval_split: str | None
-    not_run_reason: str = ""
-    split_label: str | None = None  # how the `_split` cell names the eval's split (None: as the eval JSON does)
+BASELINE_SETTING = "none"  # what every pre-trained setting is tested against: no pre-training
+ABLATION_TABLE = "table4_ablation"
 
 
 @dataclass(frozen=True)
 class TableSpec:
     name: str
     title: str
-    columns: list[Column]
+    columns: list[TableColumn]
     schedule: str
     decimals: int  # the paper's precision in this table; the Markdown shows both numbers with it
     settings: list[str] = field(default_factory=list)  # measured settings; empty → from config
@@ -82,81 +81,72 @@ class TableSpec:
         """(eval task, split) of every measured column."""
         return [(col.eval_task, col.eval_split) for col in self.columns if col.eval_task is not None]
 
+    def measured_columns(self) -> list[TableColumn]:
+        return [col for col in self.columns if col.eval_task is not None]
 
-NO_TEST_LABELS = "not run: test labels are held by the evaluation server"
-VQA_HELD_OUT = "val (held out; stands in for test-dev)"
 
-TABLE_SPECS = {
-    "table1_vcr": TableSpec(
-        "table1_vcr",
-        "Table 1: VCR accuracy (%)",
-        [
-            Column("q2a_val", "Q→A val", "vcr_q2a", "val"),
-            Column("q2a_test", "Q→A test", None, None, NO_TEST_LABELS),
-            Column("qa2r_val", "QA→R val", "vcr_qa2r", "val"),
-            Column("qa2r_test", "QA→R test", None, None, NO_TEST_LABELS),
-            Column("q2ar_val", "Q→AR val", "vcr_q2ar", "val"),
-            Column("q2ar_test", "Q→AR test", None, None, NO_TEST_LABELS),
-        ],
-        schedule="full",
-        decimals=1,
-        settings=["none", "full"],
-        released_row=True,
-    ),
-    "table2_vqa": TableSpec(
-        "table2_vqa",
-        "Table 2: VQA v2 accuracy (%)",
-        [
-            Column("test_dev", "test-dev", "vqa", "val", split_label=VQA_HELD_OUT),
-            Column("test_std", "test-std", None, None, NO_TEST_LABELS),
-        ],
-        schedule="full",
-        decimals=2,
-        settings=["none", "full"],
-        released_row=True,
-    ),
-    "table3_refcoco": TableSpec(
-        "table3_refcoco",
-        "Table 3: RefCOCO+ accuracy (%)",
-        [
-            Column("gt_val", "GT regions val", "refcoco_gt", "val"),
-            Column("gt_testA", "GT testA", "refcoco_gt", "testA"),
-            Column("gt_testB", "GT testB", "refcoco_gt", "testB"),
-            Column("det_val", "detected val", "refcoco_det", "val"),
-            Column("det_testA", "detected testA", "refcoco_det", "testA"),
-            Column("det_testB", "detected testB", "refcoco_det", "testB"),
-        ],
-        schedule="full",
-        decimals=2,
-        settings=["none", "full"],
-        released_row=True,
-    ),
-    "table4_ablation": TableSpec(
-        "table4_ablation",
+def table_specs() -> dict[str, TableSpec]:
+    """Tables 1–4 from the registered tasks: each task's table of the paper (Tables 1–3, full
+    schedule, `none` vs `full` and the released model), then Table 4 from their ablation columns."""
+    specs = {
+        table.name: TableSpec(table.name, table.title, list(table.columns), schedule="full",
+                              decimals=table.decimals, settings=[BASELINE_SETTING, "full"], released_row=True)
+        for table in paper_tables()
+    }
+    specs[ABLATION_TABLE] = TableSpec(
+        ABLATION_TABLE,
         "Table 4: ablation, 0.5× fine-tuning epochs (%)",
-        [
-            Column("vcr_q2a_val", "VCR Q→A val", "vcr_q2a", "val"),
-            Column("vcr_qa2r_val", "VCR QA→R val", "vcr_qa2r", "val"),
-            Column("vqa_test_dev", "VQA test-dev", "vqa", "val", split_label=VQA_HELD_OUT),
-            Column("refcoco_det_val", "RefCOCO+ detected val", "refcoco_det", "val"),
-        ],
+        ablation_columns(),
         schedule="half",
         decimals=1,
         switch_columns=True,
         markdown_paper_and_ours=True,
-    ),
-}
-
+    )
+    return specs
 
 def eval_json_path(results_dir: Path, eval_task: str, setting: str, schedule: str, split: str) -> Path:
     return results_dir / "eval" / eval_task / setting / schedule / f"{split}.json"
+
+
+def outcome_paths(results_dir: Path, eval_task: str, setting: str, schedule: str, split: str) -> list[Path]:
+    """The predictions files that hold an eval's per-example outcomes (a derived eval's come from
+    the evals it is derived from)."""
+    return [eval_json_path(results_dir, source, setting, schedule, split).with_suffix(".predictions.json")
+            for source in task_of_eval(eval_task).outcome_eval_tasks(eval_task)]
+
+
+class PairedComparison:
+    """The `_p_vs_none` cells: each setting's per-example outcomes against `none`'s on one column.
+    Reads each predictions file once, however many settings are compared with it."""
+
+    def __init__(self, results_dir: Path, schedule: str):
+        self.results_dir, self.schedule = results_dir, schedule
+        self._outcomes: dict[tuple[str, str, str], dict[tuple, float]] = {}
+
+    def outcomes(self, col: TableColumn, setting: str) -> dict[tuple, float]:
+        key = (col.eval_task, col.eval_split, setting)
+        if key not in self._outcomes:
+            paths = outcome_paths(self.results_dir, col.eval_task, setting, self.schedule, col.eval_split)
+            self._outcomes[key] = task_of_eval(col.eval_task).example_outcomes(col.eval_task, paths)
+        return self._outcomes[key]
+
+    def p_value(self, col: TableColumn, setting: str) -> float:
+        ours, baseline = self.outcomes(col, setting), self.outcomes(col, BASELINE_SETTING)
+        if set(ours) != set(baseline):
+            raise ValueError(f"{col.title}: setting {setting!r} and setting {BASELINE_SETTING!r} were evaluated on "
+                             f"different examples ({len(set(ours) ^ set(baseline))} differ, e.g. "
+                             f"{sorted(set(ours) ^ set(baseline), key=str)[:3]}); under "
+                             f"{self.results_dir / 'eval' / col.eval_task}")
+        keys = list(baseline)
+        test = task_of_eval(col.eval_task).paired_test
+        return paired_p_value(test, [ours[k] for k in keys], [baseline[k] for k in keys])
 
 
 def load_reported() -> list[dict]:
     """The paper's numbers (PAPER.md), kept inside the package so users need nothing else."""
     text = resources.files("vlbert_core.tables").joinpath("reported.csv").read_text(encoding="utf-8")
     rows = list(csv.DictReader(text.splitlines()))
-    known = {(name, col.name) for name, spec in TABLE_SPECS.items() for col in spec.columns}
+    known = {(name, col.name) for name, spec in table_specs().items() for col in spec.columns}
     for i, row in enumerate(rows, start=2):  # line 1 is the header
         if (row["table"], row["column"]) not in known:
             raise ValueError(f"reported.csv line {i}: unknown table/column {row['table']}/{row['column']}")
@@ -182,13 +172,17 @@ def table_header(spec: TableSpec) -> list[str]:
     if spec.switch_columns:
         header += SWITCH_COLUMNS
     for col in spec.columns:
-        header += [col.name, f"{col.name}_paper"]
+        header += [col.name, f"{col.name}_paper"] + ([p_column(col)] if col.eval_task is not None else [])
     for col in spec.columns:
         header += [f"{col.name}_split", f"{col.name}_examples", f"{col.name}_eval"]
     return header + ["note"]
 
 
-def _switch_cells(setting: str) -> dict:
+def p_column(col: TableColumn) -> str:
+    return f"{col.name}_p_vs_{BASELINE_SETTING}"
+
+
+def switch_cells(setting: str) -> dict:
     switches = get_setting(setting).to_dict()
     return {name: ("✓" if switches[name] else "") for name in SWITCH_COLUMNS}
 
@@ -221,13 +215,15 @@ def build_table(
 ) -> list[dict]:
     """Rows of one table: the paper's rows, each VL-BERT setting followed by our row for it."""
     reported = [r for r in load_reported() if r["table"] == spec.name]
+    comparison = PairedComparison(results_dir, spec.schedule)
+    compare = BASELINE_SETTING in settings
     paper_settings = [s for s in dict.fromkeys(spec.settings or SETTING_NAMES) if s != RELEASED_SETTING]
     measured_settings = [s for s in paper_settings if s in settings]
 
     def reported_row(model: str, setting: str) -> dict:
         row = {"source": "reported", "model": model, "setting": setting, "schedule": "", "dataset": "real"}
         if spec.switch_columns:
-            row.update(_switch_cells(setting))
+            row.update(switch_cells(setting))
         for r in reported:
             if r["model"] == model:
                 row[r["column"]] = r["value"]
@@ -244,7 +240,7 @@ def build_table(
             "dataset": dataset,
         }
         if spec.switch_columns:
-            row.update(_switch_cells(setting))
+            row.update(switch_cells(setting))
         for col in spec.columns:
             if paper_row is not None and col.name in paper_row:
                 row[f"{col.name}_paper"] = paper_row[col.name]
@@ -262,6 +258,8 @@ def build_table(
             row[f"{col.name}_split"] = col.split_label or record["split"]
             row[f"{col.name}_examples"] = int(record["num_examples"])
             row[f"{col.name}_eval"] = str(path)
+            if compare and setting != BASELINE_SETTING:
+                row[p_column(col)] = comparison.p_value(col, setting)
         row["note"] = "; ".join(notes)
         return row
 
@@ -309,6 +307,10 @@ def markdown_table(spec: TableSpec, rows: list[dict], dataset: str) -> str:
     def fmt(value) -> str:
         return format_number(value, spec.decimals)
 
+    def ours(row: dict, col: TableColumn) -> str:
+        p = row.get(p_column(col))
+        return fmt(row.get(col.name)) + (f" ({format_p_value(p)})" if p is not None else "")
+
     if spec.markdown_paper_and_ours:
         switch_titles = SWITCH_TITLES if spec.switch_columns else []
         header = ["setting"] + switch_titles + [f"{c.title} (paper / ours)" for c in spec.columns]
@@ -317,16 +319,16 @@ def markdown_table(spec: TableSpec, rows: list[dict], dataset: str) -> str:
         for row in rows:
             by_setting.setdefault(row["setting"], {})[row["source"]] = row
         for setting, pair in by_setting.items():
-            paper, ours = pair.get("reported", {}), pair.get("measured", {})
-            switches = _switch_cells(setting) if spec.switch_columns else {}
+            paper, measured = pair.get("reported", {}), pair.get("measured", {})
+            switches = switch_cells(setting) if spec.switch_columns else {}
             cells = [SETTING_NAMES[setting]] + [switches[s] for s in SWITCH_COLUMNS if s in switches]
-            cells += [f"{fmt(paper.get(c.name))} / {fmt(ours.get(c.name))}" for c in spec.columns]
+            cells += [f"{fmt(paper.get(c.name))} / {ours(measured, c)}" for c in spec.columns]
             lines.append("| " + " | ".join(cells) + " |")
     else:
         header = ["source", "model"] + [c.title for c in spec.columns]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for row in rows:
-            cells = [row["source"], row["model"]] + [fmt(row.get(c.name)) for c in spec.columns]
+            cells = [row["source"], row["model"]] + [ours(row, c) for c in spec.columns]
             lines.append("| " + " | ".join(cells) + " |")
     lines += ["", (f"Measured rows ran on the **{dataset}** data (schedule `{spec.schedule}`); "
                    "`–` is a cell without a number (the notes below say why).")]
@@ -342,6 +344,10 @@ def markdown_table(spec: TableSpec, rows: list[dict], dataset: str) -> str:
     for row in measured:
         if row["note"].startswith("not run: setting"):
             lines.append(f"- {row['model']}: {row['note']}.")
+    if any(p_column(c) in r for r in measured for c in spec.columns):
+        lines.append(f"- (p=…): the p-value of a paired test of that row's predictions against setting "
+                     f"`{BASELINE_SETTING}`'s on the same examples (exact McNemar on per-example correctness, "
+                     "paired bootstrap on soft per-example scores; docs/significance.md).")
     lines.append(f"- Reported rows: {PAPER} († concurrent work, as the paper labels it); `–` where the "
                  "paper gives no number.")
     return "\n".join(lines) + "\n"
@@ -360,7 +366,7 @@ def write_tables(results_dir: str | Path, tables_dir: str | Path, settings: list
     RELEASED_SETTING (pretrain.init_from = `released_from`)."""
     results_dir, tables_dir = Path(results_dir), Path(tables_dir)
     written = {}
-    for spec in TABLE_SPECS.values():
+    for spec in table_specs().values():
         rows = build_table(spec, results_dir, settings, dataset, describe_model(model_cfg), released_from)
         csv_path = tables_dir / f"{spec.name}.csv"
         write_csv(rows, table_header(spec), csv_path)

@@ -10,10 +10,36 @@ task module without torch; the task methods that need torch import it where they
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from importlib import import_module
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Sequence
+
+NO_TEST_LABELS = "not run: test labels are held by the evaluation server"
+
+
+@dataclass(frozen=True)
+class TableColumn:
+    """One metric column of a results table and the eval that measures it (eval_task None: not
+    measurable here, `not_run_reason` says why). `vlbert_core.tables` builds the tables from these."""
+
+    name: str
+    title: str
+    eval_task: str | None
+    eval_split: str | None
+    not_run_reason: str = ""
+    split_label: str | None = None  # how the `_split` cell names the eval's split (None: as the eval JSON does)
+
+
+@dataclass(frozen=True)
+class PaperTable:
+    """A task's own table of the paper (Tables 1–3), measured at the full fine-tuning schedule."""
+
+    name: str  # results/tables/<name>.csv; the `table` of tables/reported.csv
+    title: str
+    columns: tuple[TableColumn, ...]
+    decimals: int  # the paper's precision in this table
 
 
 @dataclass
@@ -61,6 +87,15 @@ class Task:
     # task meta, which the checkpoint does not hold: (meta key, what its file lists, one a line);
     # the converter reads each from `--<meta key with - for _>` (python -m vlbert_core.convert)
     released_vocabularies: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # the results tables: the task's table of the paper (one object shared by the classes of one
+    # table) and its columns of Table 4, the ablation
+    paper_table: ClassVar[PaperTable | None] = None
+    ablation_columns: ClassVar[tuple[TableColumn, ...]] = ()
+    # the paired test of the tables' `_p_vs_none` columns (vlbert_core.stats): the fields that name an
+    # example in a scored predictions row, the row's per-example outcome, and the test that fits it
+    example_key: ClassVar[tuple[str, ...]] = ()
+    outcome_field: ClassVar[str] = "correct"
+    paired_test: ClassVar[str] = "mcnemar"  # 0/1 outcomes; "bootstrap" for soft scores
 
     @classmethod
     def eval_task_names(cls) -> tuple[str, ...]:
@@ -135,7 +170,7 @@ class Task:
     def score(self, eval_task: str, split: str, rows: list[dict], sources: Mapping[str, str],
               where: str) -> tuple[float, list[dict]]:
         """(metric value in percent, rows to write as the predictions file) against the official
-        annotation files; torch-free."""
+        annotation files; torch-free. Each row carries its per-example outcome (`outcome_field`)."""
         raise NotImplementedError
 
     # ---- the authors' released fine-tuned checkpoints (python -m vlbert_core.convert vl-bert) --------
@@ -168,6 +203,28 @@ class Task:
         raise ValueError(f"task {self.name} derives no eval task {derived!r}; it derives "
                          f"{list(self.derived_eval_tasks)}")
 
+    def outcome_eval_tasks(self, eval_task: str) -> tuple[str, ...]:
+        """The eval tasks whose predictions files hold `eval_task`'s per-example outcomes."""
+        return (eval_task,)
+
+    def example_outcomes(self, eval_task: str, prediction_files: Sequence[Path]) -> dict[tuple, float]:
+        """{example key: outcome} of one eval, from the predictions files of `outcome_eval_tasks`."""
+        if not self.example_key:
+            raise ValueError(f"task {self.name} names no example_key, so its predictions cannot be "
+                             "compared example by example")
+        (path,) = prediction_files
+        outcomes = {}
+        for i, row in enumerate(read_scored_predictions(path)):
+            try:
+                key, value = tuple(row[k] for k in self.example_key), float(row[self.outcome_field])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"predictions {path} row #{i}: no usable {exc!r} among "
+                                 f"{[*self.example_key, self.outcome_field]}") from None
+            if key in outcomes:
+                raise ValueError(f"predictions {path} row #{i}: example {key} appears twice")
+            outcomes[key] = value
+        return outcomes
+
 
 def model_side(module: str, name: str):
     """`name` from the torch-side module `vlbert_core.tasks.<module>` (`samples`, `modeling.vqa`).
@@ -178,6 +235,19 @@ def model_side(module: str, name: str):
     fine-tune and prediction code imports `samples` and `modeling` itself, so its fingerprint does.
     """
     return getattr(import_module(f"{__package__}.{module}"), name)
+
+
+def read_scored_predictions(path: str | Path) -> list[dict]:
+    """The rows of a predictions file written by `scoring.evaluate_predictions` (a JSON list)."""
+    try:
+        rows = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"predictions file {path} is missing; run its `evaluate` job first") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"predictions file {path} is not valid JSON: {err}") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise ValueError(f"predictions file {path} is not a JSON list of rows")
+    return rows
 
 
 def split_path(template: str | Path, split: str) -> str:

@@ -21,7 +21,8 @@ import numpy as np
 from vlbert_core.utils import get_logger
 from vlbert_core.safe_pickle import UnsafePickleError, load_pickle
 
-from .base import Task, TaskHeads, TaskLoss, check_prediction_ids, check_text_fits, model_side, query_text
+from .base import (PaperTable, TableColumn, Task, TaskHeads, TaskLoss, check_prediction_ids, check_text_fits,
+                   model_side, query_text)
 
 log = get_logger(__name__)
 
@@ -239,6 +240,21 @@ def score_refcoco(rows: list[dict], refs_path: str, instances_path: str, split: 
     return value, scored
 
 
+REFCOCO_TABLE = PaperTable(
+    "table3_refcoco",
+    "Table 3: RefCOCO+ accuracy (%)",
+    (
+        TableColumn("gt_val", "GT regions val", "refcoco_gt", "val"),
+        TableColumn("gt_testA", "GT testA", "refcoco_gt", "testA"),
+        TableColumn("gt_testB", "GT testB", "refcoco_gt", "testB"),
+        TableColumn("det_val", "detected val", "refcoco_det", "val"),
+        TableColumn("det_testA", "detected testA", "refcoco_det", "testA"),
+        TableColumn("det_testB", "detected testB", "refcoco_det", "testB"),
+    ),
+    decimals=2,
+)
+
+
 class RefcocoTask(Task):
     """RefCOCO+: <Query, Image> -> one binary score per candidate box. Trained on both region
     tracks (every expression once with the ground-truth boxes, once with the detected RoIs) and
@@ -254,6 +270,9 @@ class RefcocoTask(Task):
     eval_splits = ("val", "testA", "testB")
     roi_dataset = "refcoco"
     owned_modules = ("tasks/refcoco.py", "tasks/modeling/refcoco.py")
+    paper_table = REFCOCO_TABLE
+    ablation_columns = (TableColumn("refcoco_det_val", "RefCOCO+ detected val", "refcoco_det", "val"),)
+    example_key = ("ref_id", "sent_id")
     TRACKS = {"refcoco_gt": "gt", "refcoco_det": "det"}
 
     def build_data(self, split, meta, *, sources, tokens, images, max_rois, max_text_len, rois,

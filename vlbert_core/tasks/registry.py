@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .base import Task
+from .base import PaperTable, TableColumn, Task
 from .refcoco import RefcocoTask
 from .vcr import VcrQ2ATask, VcrQA2RTask
 from .vqa import VqaTask
@@ -103,6 +103,23 @@ def dataset_splits(dataset: str) -> list[str]:
     if not splits:
         raise ValueError(f"no registered task reads dataset {dataset!r}; registered datasets: {task_datasets()}")
     return list(dict.fromkeys(splits))
+
+
+def paper_tables() -> list[PaperTable]:
+    """The registered tasks' tables of the paper, in registration order; a table that several
+    classes share (VCR's Q->A and QA->R) comes once."""
+    tables: dict[str, PaperTable] = {}
+    for cls in _TASKS.values():
+        table = cls.paper_table
+        if table is not None and tables.setdefault(table.name, table) != table:
+            raise ValueError(f"task {cls.__name__}: table {table.name!r} differs from the one another "
+                             "registered task defines under that name")
+    return list(tables.values())
+
+
+def ablation_columns() -> list[TableColumn]:
+    """The registered tasks' columns of Table 4, the ablation, in registration order."""
+    return [col for cls in _TASKS.values() for col in cls.ablation_columns]
 
 
 FINETUNE_OPTIONS = ("schedules", "tune_frcnn")  # the keys of `finetune:` that are not tasks

@@ -23,7 +23,18 @@ import numpy as np
 
 from vlbert_core.utils import get_logger
 
-from .base import Task, TaskHeads, TaskLoss, check_prediction_ids, check_text_fits, model_side, split_path
+from .base import (
+    NO_TEST_LABELS,
+    PaperTable,
+    TableColumn,
+    Task,
+    TaskHeads,
+    TaskLoss,
+    check_prediction_ids,
+    check_text_fits,
+    model_side,
+    split_path,
+)
 
 log = get_logger(__name__)
 
@@ -292,9 +303,9 @@ def read_vcr_predictions(path: str | os.PathLike) -> dict[str, dict]:
     return rows
 
 
-def q2ar_from_prediction_files(q2a_path: str | os.PathLike,
-                               qa2r_path: str | os.PathLike) -> tuple[float, int]:
-    """(Q->AR accuracy in percent, number of questions) from the two prediction files."""
+def q2ar_correct_from_prediction_files(q2a_path: str | os.PathLike,
+                                       qa2r_path: str | os.PathLike) -> dict[str, bool]:
+    """{annot_id: Q->AR right} from the two prediction files, in annot_id order."""
     q2a = read_vcr_predictions(q2a_path)
     qa2r = read_vcr_predictions(qa2r_path)
     if set(q2a) != set(qa2r):
@@ -309,6 +320,13 @@ def q2ar_from_prediction_files(q2a_path: str | os.PathLike,
                                [qa2r[i]["prediction"] for i in ids],
                                [(q2a[i]["label"], qa2r[i]["label"]) for i in ids],
                                f"Q->AR from {q2a_path} and {qa2r_path}")
+    return dict(zip(ids, correct))
+
+
+def q2ar_from_prediction_files(q2a_path: str | os.PathLike,
+                               qa2r_path: str | os.PathLike) -> tuple[float, int]:
+    """(Q->AR accuracy in percent, number of questions) from the two prediction files."""
+    correct = list(q2ar_correct_from_prediction_files(q2a_path, qa2r_path).values())
     return vcr_accuracy(correct), len(correct)
 
 
@@ -397,7 +415,23 @@ def score_vcr(rows: list[dict], jsonl_path: str, mode: str, where: str) -> tuple
             raise ValueError(f"{jsonl_path}: item {item.annot_id} has no label; cannot score VCR {mode}")
         scored.append({**r, "label": int(label)})
     correct = vcr_correct([r.get("prediction") for r in scored], [r["label"] for r in scored], where)
-    return vcr_accuracy(correct), scored
+    return vcr_accuracy(correct), [{**r, "correct": c} for r, c in zip(scored, correct)]
+
+
+# Table 1 of the paper; Q->AR is derived from the Q->A and QA->R predictions
+VCR_TABLE = PaperTable(
+    "table1_vcr",
+    "Table 1: VCR accuracy (%)",
+    (
+        TableColumn("q2a_val", "Q→A val", "vcr_q2a", "val"),
+        TableColumn("q2a_test", "Q→A test", None, None, NO_TEST_LABELS),
+        TableColumn("qa2r_val", "QA→R val", "vcr_qa2r", "val"),
+        TableColumn("qa2r_test", "QA→R test", None, None, NO_TEST_LABELS),
+        TableColumn("q2ar_val", "Q→AR val", "vcr_q2ar", "val"),
+        TableColumn("q2ar_test", "Q→AR test", None, None, NO_TEST_LABELS),
+    ),
+    decimals=1,
+)
 
 
 class VcrTask(Task):
@@ -414,6 +448,8 @@ class VcrTask(Task):
     owned_modules = ("tasks/vcr.py", "tasks/modeling/vcr.py")
     released_vocabularies = (("object_names", "the classes of the auxiliary RoI classifier, in the order "
                                               "of its rows (81 in the authors' checkpoint)"),)
+    paper_table = VCR_TABLE
+    example_key = ("annot_id",)
 
     def prepare(self, meta, hparams, sources):
         items = load_vcr(split_path(sources["annotations"], self.train_split))
@@ -585,6 +621,7 @@ class VcrQ2ATask(VcrTask):
     mode = "q2a"
     # Q->AR is right when both Q->A and QA->R are: scored from both tasks' predictions
     derived_eval_tasks = (Q2AR,)
+    ablation_columns = (TableColumn("vcr_q2a_val", "VCR Q→A val", "vcr_q2a", "val"),)
 
     def derived_inputs(self, derived):
         if derived == Q2AR:
@@ -600,9 +637,21 @@ class VcrQ2ATask(VcrTask):
         return write_q2ar_json(predictions[VcrQ2ATask.name], predictions[VcrQA2RTask.name], json_path,
                                split=split, setting=setting, schedule=schedule, dataset=dataset)
 
+    def outcome_eval_tasks(self, eval_task):
+        if eval_task in self.derived_eval_tasks:
+            return self.derived_inputs(eval_task)
+        return super().outcome_eval_tasks(eval_task)
+
+    def example_outcomes(self, eval_task, prediction_files):
+        if eval_task != Q2AR:
+            return super().example_outcomes(eval_task, prediction_files)
+        correct = q2ar_correct_from_prediction_files(*prediction_files)
+        return {(annot_id,): float(c) for annot_id, c in correct.items()}
+
 
 class VcrQA2RTask(VcrTask):
     """VCR QA->R: <Question + right Answer, Rationale candidate, Image>."""
 
     name = "vcr_qa2r"
     mode = "qa2r"
+    ablation_columns = (TableColumn("vcr_qa2r_val", "VCR QA→R val", "vcr_qa2r", "val"),)

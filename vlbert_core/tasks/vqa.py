@@ -33,8 +33,19 @@ from typing import Sequence
 
 from vlbert_core.utils import get_logger
 
-from .base import (Task, TaskHeads, TaskLoss, check_prediction_ids, check_text_fits, model_side, query_text,
-                   split_path)
+from .base import (
+    NO_TEST_LABELS,
+    PaperTable,
+    TableColumn,
+    Task,
+    TaskHeads,
+    TaskLoss,
+    check_prediction_ids,
+    check_text_fits,
+    model_side,
+    query_text,
+    split_path,
+)
 
 log = get_logger(__name__)
 
@@ -415,15 +426,30 @@ def vqa_image_paths(questions_json: str | os.PathLike, images_dir: str | os.Path
 
 def score_vqa(rows: list[dict], questions_path: str, annotations_path: str, where: str) -> tuple[float, list[dict]]:
     """Official VQA accuracy (percent, rounded as the official code reports it) and the
-    predictions in the official results format, unchanged from the bundle's order."""
+    predictions in the official results format, unchanged from the bundle's order, each with its
+    question's accuracy (0..1, `accuracy`, a key the official loader ignores) for the paired test."""
     submission = vqa_submission(rows, where)
     questions = load_vqa(questions_path, annotations_path)
     check_prediction_ids([r["question_id"] for r in submission], [q.question_id for q in questions],
                          "question_id", where)
     answers = {r["question_id"]: r["answer"] for r in submission}
     in_official_order = sorted(questions, key=lambda q: q.annotation_index)
-    accuracies = [vqa_accuracy(answers[q.question_id], q.answers) for q in in_official_order]
-    return vqa_overall_accuracy(accuracies), submission
+    accuracies = {q.question_id: vqa_accuracy(answers[q.question_id], q.answers) for q in in_official_order}
+    scored = [{**r, "accuracy": accuracies[r["question_id"]]} for r in submission]
+    return vqa_overall_accuracy(list(accuracies.values())), scored
+
+
+# VQA's val split stands in for test-dev: test-dev's answers are held by the evaluation server
+VQA_HELD_OUT = "val (held out; stands in for test-dev)"
+VQA_TABLE = PaperTable(
+    "table2_vqa",
+    "Table 2: VQA v2 accuracy (%)",
+    (
+        TableColumn("test_dev", "test-dev", "vqa", "val", split_label=VQA_HELD_OUT),
+        TableColumn("test_std", "test-std", None, None, NO_TEST_LABELS),
+    ),
+    decimals=2,
+)
 
 
 class VqaTask(Task):
@@ -441,6 +467,11 @@ class VqaTask(Task):
     owned_modules = ("tasks/vqa.py", "tasks/modeling/vqa.py")
     released_vocabularies = (("answers", "the answer list, in the order of the classifier's rows (3,129 "
                                          "in the authors' checkpoint)"),)
+    paper_table = VQA_TABLE
+    ablation_columns = (TableColumn("vqa_test_dev", "VQA test-dev", "vqa", "val", split_label=VQA_HELD_OUT),)
+    example_key = ("question_id",)
+    outcome_field = "accuracy"  # soft: 0, 1/3, ..., 1 (min(#humans that said it / 3, 1), averaged)
+    paired_test = "bootstrap"
 
     def prepare(self, meta, hparams, sources):
         train_questions = load_vqa(split_path(sources["questions"], self.train_split),

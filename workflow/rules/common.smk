@@ -11,7 +11,10 @@ from pathlib import Path
 from vlbert_core.fingerprint import code_fingerprint
 from vlbert_core.pretrain.launch import Launch
 from vlbert_core.pretrain.settings import RELEASED_SETTING
-from vlbert_core.tables import TABLE_SPECS
+from vlbert_core.tables import table_specs
+from vlbert_core.tables.build import outcome_paths
+from vlbert_core.tables.seeds import check_seeds, seed_eval_paths
+from snakemake.io import flag
 
 # Every rule's software, for `--software-deployment-method conda` (relative to workflow/rules/).
 CONDA_ENV = "../../envs/vlbert.yaml"
@@ -62,6 +65,8 @@ EVAL_TASKS = eval_task_names()
 # Eval tasks scored from other eval tasks' predictions (rule derive_eval).
 DERIVED_EVAL_TASKS = derived_eval_task_names()
 
+# Tables 1-4, their columns from the registered tasks (vlbert_core/tables/build.py)
+TABLE_SPECS = table_specs()
 TABLES = expand(
     "results/tables/{table}.{ext}", table=list(TABLE_SPECS), ext=["csv", "md"]
 )
@@ -74,6 +79,7 @@ wildcard_constraints:
     schedule="|".join(config["finetune"]["schedules"]),
     finetune_task="|".join(FINETUNE_TASKS),
     eval_task="|".join(EVAL_TASKS),
+    seed=r"\d+",
 
 
 def pretrain_resources():
@@ -206,15 +212,18 @@ def derived_eval_inputs(derived_task, setting, schedule, split):
 
 
 def table_evals(table):
-    """The eval JSONs a table reads: its measured columns for each of its settings (tables/build.py)."""
+    """What a table reads: the eval JSON of each measured column for each of its settings, and the
+    predictions files of the paired tests against `none` (tables/build.py)."""
     spec = TABLE_SPECS[table]
-    return [
-        eval_json(eval_task, setting, spec.schedule, split)
-        for setting in spec.measured_settings(
-            config["pretrain"]["settings"], bool(INIT_FROM)
-        )
-        for eval_task, split in spec.eval_targets()
-    ]
+    files = []
+    for setting in spec.measured_settings(
+        config["pretrain"]["settings"], bool(INIT_FROM)
+    ):
+        for eval_task, split in spec.eval_targets():
+            files.append(eval_json(eval_task, setting, spec.schedule, split))
+            args = (Path("results"), eval_task, setting, spec.schedule, split)
+            files += [str(path) for path in outcome_paths(*args)]
+    return list(dict.fromkeys(files))  # a derived eval reads the predictions of others
 
 
 def print_where_results_are():
@@ -295,3 +304,50 @@ def bert_checkpoint_input():
 
 def conversion_inputs(entry):
     return {key: entry[key] for key in CONVERSION_FILE_KEYS if entry.get(key)}
+
+
+# Table 4 over training seeds (config/seeds.yaml, workflow/rules/seeds.smk): each seed's pre-training,
+# fine-tuning and evals under results/seeds/<seed>/; the config's own seed is the default run.
+SEED_DIR = "results/seeds/{seed}/"
+
+
+def seeded_outputs(rule):
+    """A rule's named outputs moved under results/seeds/{seed}/, flags (directory, temp) kept, so
+    a seeded copy of the rule writes what the rule writes."""
+    outputs = rule.rule.output
+    named = dict(outputs.items())
+    if len(named) != len(outputs):
+        raise ValueError(f"the seeded copy of {rule.name} needs every output named")
+    seeded = {}
+    for name, path in named.items():
+        seeded[name] = f"{SEED_DIR}{str(path).removeprefix('results/')}"
+        for key, value in path.flags.items():
+            seeded[name] = flag(seeded[name], key, value)
+    return seeded
+
+
+def inputs_with(rule, **changed):
+    """A rule's named inputs with some replaced (a `with: input:` of a reused rule replaces them all)."""
+    inputs = rule.rule.input
+    named = dict(inputs.items())
+    if len(named) != len(inputs):
+        raise ValueError(f"the seeded copy of {rule.name} needs every input named")
+    return {**named, **changed}
+
+
+def seed_pretrained_model(wildcards):
+    setting = wildcards.setting
+    return f"results/seeds/{wildcards.seed}/pretrain/{setting}/model.safetensors"
+
+
+def seed_finetune_predictions(wildcards):
+    task = eval_to_finetune_task(wildcards.eval_task)
+    run = f"{task}/{wildcards.setting}/{wildcards.schedule}"
+    return f"results/seeds/{wildcards.seed}/finetune/{run}/predictions.json"
+
+
+def seed_table_evals(wildcards):
+    """The eval JSONs of Table 4 for every seed of config `seeds` (the config's seed: results/)."""
+    check_seeds(config["seeds"])
+    args = ("results", config["seeds"], config["seed"], config["pretrain"]["settings"])
+    return [str(path) for path in seed_eval_paths(*args)]

@@ -1,0 +1,87 @@
+"""Table 4 over training seeds: the mean ± std aggregation, and the plan of its target."""
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_workflow import CI_CONFIG, REPO, planned_rules, snakemake
+
+from vlbert_core.tables import table_specs
+from vlbert_core.tables.seeds import seed_results_dir, write_seed_table
+
+SETTINGS = ["none", "a", "b", "c", "d", "full"]
+SEEDS = [0, 1, 2]
+COLUMNS = table_specs()["table4_ablation"].measured_columns()
+
+
+def make_seed_evals(results: Path, default_seed: int = 0) -> dict[tuple, float]:
+    """An eval JSON per seed x setting x Table 4 column, with distinct values; returns them by key."""
+    values = {}
+    for seed in SEEDS:
+        for s, setting in enumerate(SETTINGS):
+            for c, col in enumerate(COLUMNS):
+                value = 20.0 + s + c / 3 + seed * (1.5 + s / 7)
+                path = (seed_results_dir(results, seed, default_seed) / "eval" / col.eval_task / setting / "half"
+                        / f"{col.eval_split}.json")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps({"task": col.eval_task, "value": value, "split": col.eval_split,
+                                            "num_examples": 24, "predictions": "p", "setting": setting}))
+                values[(seed, setting, col.name)] = value
+    return values
+
+
+def test_the_default_seed_is_the_default_run_and_other_seeds_have_their_own_tree(tmp_path):
+    assert seed_results_dir(tmp_path, 0, 0) == tmp_path
+    assert seed_results_dir(tmp_path, 2, 0) == tmp_path / "seeds" / "2"
+    assert seed_results_dir(tmp_path, 0, 7) == tmp_path / "seeds" / "0"
+
+
+def test_each_cell_is_the_mean_and_sample_std_over_the_seeds(tmp_path):
+    results = tmp_path / "results"
+    values = make_seed_evals(results)
+    csv_path = write_seed_table(results, results / "tables", SEEDS, 0, SETTINGS, "synthetic")
+    with open(csv_path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["setting"] for r in rows] == SETTINGS
+    for row in rows:
+        assert row["seeds"] == "0 1 2"
+        for col in COLUMNS:
+            runs = [values[(seed, row["setting"], col.name)] for seed in SEEDS]
+            assert [float(v) for v in row[f"{col.name}_values"].split()] == runs
+            assert float(row[f"{col.name}_mean"]) == pytest.approx(np.mean(runs), abs=1e-12)
+            assert float(row[f"{col.name}_std"]) == pytest.approx(np.std(runs, ddof=1), abs=1e-12)
+    assert rows[0]["vcr_q2a_val_paper"] == "72.9"  # the paper's w/o pre-training, Table 4
+    md = csv_path.with_suffix(".md").read_text(encoding="utf-8")
+    none_runs = [values[(seed, "none", "vcr_q2a_val")] for seed in SEEDS]
+    assert f"| 72.9 / {np.mean(none_runs):.1f} ± {np.std(none_runs, ddof=1):.1f} |" in md
+
+
+def test_fewer_than_three_seeds_or_a_missing_run_is_an_error(tmp_path):
+    results = tmp_path / "results"
+    make_seed_evals(results)
+    with pytest.raises(ValueError, match=r"at least 3 distinct seeds, got \[0, 1\]"):
+        write_seed_table(results, results / "tables", [0, 1], 0, SETTINGS, "synthetic")
+    missing = results / "seeds/2/eval/vqa/c/half/val.json"
+    missing.unlink()
+    with pytest.raises(FileNotFoundError, match=f"eval JSON {missing} is missing"):
+        write_seed_table(results, results / "tables", SEEDS, 0, SETTINGS, "synthetic")
+    assert not (results / "tables/table4_seeds.csv").exists()  # nothing half-written
+
+
+def test_the_seeds_target_plans_two_more_training_runs_per_setting_and_shares_the_world(tmp_path):
+    proc = snakemake(tmp_path, "-n", "--cores", "1", "results/tables/table4_seeds.csv",
+                     "--configfile", str(CI_CONFIG), str(REPO / "config/seeds.yaml"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = planned_rules(proc.stdout + proc.stderr)
+    settings, columns = len(SETTINGS), len(COLUMNS)
+    # seed 0 is the config's seed: the default run's own jobs; seeds 1 and 2 train again
+    assert counts["pretrain"] == settings and counts["pretrain_seed"] == 2 * settings
+    assert counts["finetune_seed"] == 2 * settings * columns and counts["evaluate_seed"] == 2 * settings * columns
+    assert counts["world"] == counts["train_detector"] == counts["table4_seeds"] == 1
+    assert "results/seeds/2/pretrain/full/model.safetensors" in proc.stdout
+    # without the seeds config the target says what it needs
+    proc = snakemake(tmp_path, "-n", "--cores", "1", "results/tables/table4_seeds.csv",
+                     "--configfile", str(CI_CONFIG), timeout=300)
+    assert proc.returncode != 0 and "config/seeds.yaml" in proc.stdout + proc.stderr

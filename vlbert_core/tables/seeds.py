@@ -1,0 +1,121 @@
+"""Table 4 over training seeds: each cell's mean ± std over the seeds' runs (config/seeds.yaml).
+
+A seed covers what training draws at random: pre-training (initialisation of the new parameters,
+masking, data order, dropout) and fine-tuning. The world, its data, the detector and the RoIs stay
+those of the config's `seed`, shared by every seed, so the spread is the training's alone.
+
+Each seed's runs live under `seed_results_dir`: the config's own seed is the default run itself
+(results/), every other seed has results/seeds/<seed>/ with the same layout below it.
+
+CSV layout (`results/tables/table4_seeds.csv`): one row per setting, the Table 4 switches, then per
+column `{col}_mean`, `{col}_std` (sample std, n - 1), `{col}_paper` and `{col}_values` (each seed's
+number, in the order of the `seeds` cell).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vlbert_core.stats import mean_std
+from vlbert_core.utils import atomic_path, get_logger
+
+from .build import (
+    ABLATION_TABLE,
+    SETTING_NAMES,
+    SWITCH_COLUMNS,
+    SWITCH_TITLES,
+    eval_json_path,
+    format_number,
+    load_reported,
+    read_eval,
+    switch_cells,
+    table_specs,
+    write_csv,
+)
+
+log = get_logger(__name__)
+
+SEED_TABLE = "table4_seeds"
+MIN_SEEDS = 3
+
+
+def seed_results_dir(results_dir: str | Path, seed: int, default_seed: int) -> Path:
+    """Where one seed's pre-training, fine-tuning and evals live: the default run's results for
+    the config's seed (they are the same jobs), results/seeds/<seed>/ for any other."""
+    results_dir = Path(results_dir)
+    return results_dir if seed == default_seed else results_dir / "seeds" / str(seed)
+
+
+def seed_eval_paths(results_dir: str | Path, seeds: list[int], default_seed: int,
+                    settings: list[str]) -> list[Path]:
+    """Every eval JSON the seeds table reads: each seed x setting x Table 4 column."""
+    spec = table_specs()[ABLATION_TABLE]
+    return [eval_json_path(seed_results_dir(results_dir, seed, default_seed), task, setting, spec.schedule, split)
+            for seed in seeds for setting in settings for task, split in spec.eval_targets()]
+
+
+def check_seeds(seeds: list[int]) -> None:
+    if len(seeds) < MIN_SEEDS or len(set(seeds)) != len(seeds):
+        raise ValueError(f"config seeds: Table 4 over seeds needs at least {MIN_SEEDS} distinct seeds, got "
+                         f"{seeds} (use --configfile config/seeds.yaml)")
+
+
+def seed_table_rows(results_dir: str | Path, seeds: list[int], default_seed: int,
+                    settings: list[str]) -> list[dict]:
+    """One row per setting: each Table 4 column's mean ± std over the seeds."""
+    check_seeds(seeds)
+    spec = table_specs()[ABLATION_TABLE]
+    paper = {(r["setting"], r["column"]): r["value"] for r in load_reported() if r["table"] == ABLATION_TABLE}
+    rows = []
+    for setting in settings:
+        row = {"setting": setting, "model": SETTING_NAMES[setting], "seeds": " ".join(map(str, seeds)),
+               **switch_cells(setting)}
+        for col in spec.measured_columns():
+            values = [float(read_eval(eval_json_path(seed_results_dir(results_dir, seed, default_seed),
+                                                     col.eval_task, setting, spec.schedule, col.eval_split))["value"])
+                      for seed in seeds]
+            cell = mean_std(values)
+            row.update({f"{col.name}_mean": cell.mean, f"{col.name}_std": cell.std,
+                        f"{col.name}_paper": paper.get((setting, col.name), ""),
+                        f"{col.name}_values": " ".join(repr(v) for v in values)})
+        rows.append(row)
+    return rows
+
+
+def seed_table_header() -> list[str]:
+    spec = table_specs()[ABLATION_TABLE]
+    header = ["setting", "model", "seeds", *SWITCH_COLUMNS]
+    for col in spec.measured_columns():
+        header += [f"{col.name}_{part}" for part in ("mean", "std", "paper", "values")]
+    return header
+
+
+def seed_table_markdown(rows: list[dict], dataset: str) -> str:
+    spec = table_specs()[ABLATION_TABLE]
+    columns = spec.measured_columns()
+    header = ["setting", *SWITCH_TITLES] + [f"{c.title} (paper / ours, mean ± std)" for c in columns]
+    lines = ["# Table 4 over training seeds: ablation, 0.5× fine-tuning epochs (%)", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        cells = [row["model"]] + [row[s] for s in SWITCH_COLUMNS]
+        for c in columns:
+            ours = f"{row[f'{c.name}_mean']:.{spec.decimals}f} ± {row[f'{c.name}_std']:.{spec.decimals}f}"
+            cells.append(f"{format_number(row[f'{c.name}_paper'], spec.decimals)} / {ours}")
+        lines.append("| " + " | ".join(cells) + " |")
+    seeds = rows[0]["seeds"] if rows else ""
+    lines += ["", f"Measured on the **{dataset}** data (schedule `{spec.schedule}`), training seeds {seeds}: "
+              "mean ± sample standard deviation over the seeds; each seed's numbers are in the CSV. "
+              "A seed covers pre-training and fine-tuning; the world, detector and RoIs are shared."]
+    return "\n".join(lines) + "\n"
+
+
+def write_seed_table(results_dir: str | Path, tables_dir: str | Path, seeds: list[int], default_seed: int,
+                     settings: list[str], dataset: str) -> Path:
+    """Write results/tables/table4_seeds.csv and its Markdown twin; return the CSV path."""
+    rows = seed_table_rows(results_dir, seeds, default_seed, settings)
+    csv_path = Path(tables_dir) / f"{SEED_TABLE}.csv"
+    write_csv(rows, seed_table_header(), csv_path)
+    with atomic_path(csv_path.with_suffix(".md")) as tmp:
+        tmp.write_text(seed_table_markdown(rows, dataset), encoding="utf-8")
+    log.info("wrote %s (%d settings x %d seeds)", csv_path, len(rows), len(seeds))
+    return csv_path

@@ -1,0 +1,62 @@
+# Table 4 over training seeds (config/seeds.yaml; not part of the default run). The pretrain, finetune
+# and evaluate rules are reused with their outputs under results/seeds/{seed}/ and `seed` set from
+# the path; the world, detector and RoIs are the default run's (common.smk: seed helpers).
+
+
+use rule pretrain as pretrain_seed with:
+    output:
+        **seeded_outputs(rules.pretrain),
+    log:
+        "logs/seeds/{seed}/pretrain/{setting}.log",
+    benchmark:
+        "benchmarks/rules/seeds/{seed}/pretrain/{setting}.tsv"
+    params:
+        seed=lambda wc: int(wc.seed),
+
+
+use rule finetune as finetune_seed with:
+    input:
+        **inputs_with(rules.finetune, pretrained=seed_pretrained_model),
+    output:
+        **seeded_outputs(rules.finetune),
+    log:
+        "logs/seeds/{seed}/finetune/{finetune_task}/{setting}/{schedule}.log",
+    benchmark:
+        "benchmarks/rules/seeds/{seed}/finetune/{finetune_task}/{setting}/{schedule}.tsv"
+    params:
+        seed=lambda wc: int(wc.seed),
+
+
+use rule evaluate as evaluate_seed with:
+    input:
+        **inputs_with(rules.evaluate, predictions=seed_finetune_predictions),
+    output:
+        **seeded_outputs(rules.evaluate),
+    log:
+        "logs/seeds/{seed}/evaluate/{eval_task}/{setting}/{schedule}/{split}.log",
+    benchmark:
+        "benchmarks/rules/seeds/{seed}/evaluate/{eval_task}/{setting}/{schedule}/{split}.tsv"
+
+
+rule table4_seeds:
+    input:
+        seed_table_evals,
+    output:
+        csv="results/tables/table4_seeds.csv",
+        md="results/tables/table4_seeds.md",
+    log:
+        "logs/table4_seeds.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
+    params:
+        code=code("table4_seeds"),
+        seeds=config["seeds"],
+        default_seed=config["seed"],
+        settings=list(config["pretrain"]["settings"]),
+        dataset=config["dataset"],
+    script:
+        "../scripts/table4_seeds.py"
