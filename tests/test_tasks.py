@@ -497,9 +497,10 @@ def test_tiny_finetune_and_evaluate_every_task(world, tmp_path):
               [root / "rois/vqa/val.parquet"])
     result = _check_eval(tmp_path / "ev/vqa/val.json", "vqa", "vqa_accuracy", "val", 3)
     predictions = json.loads(Path(result["predictions"]).read_text())
-    # the official results format, unchanged: [{"question_id": int, "answer": str}], each question once
+    # the official results format: [{"question_id": int, "answer": str}], each question once, plus the
+    # question's accuracy (a key the official loadRes ignores) for the tables' paired test
     assert isinstance(predictions, list)
-    assert all(set(p) == {"question_id", "answer"} and type(p["question_id"]) is int
+    assert all(set(p) == {"question_id", "answer", "accuracy"} and type(p["question_id"]) is int
                and isinstance(p["answer"], str) for p in predictions)
     assert sorted(p["question_id"] for p in predictions) == [1000, 1001, 2000]
     # the reported value is the official accuracy of the written answers (annotations in this order)
@@ -665,7 +666,8 @@ def test_scoring_rejects_missing_or_duplicate_predictions(world, tmp_path):
 
     rows = [{"question_id": q, "answer": "2"} for q in humans_questions]
     result = run(rows)
-    assert result["num_examples"] == 3 and json.loads((tmp_path / "p.json").read_text()) == rows
+    written = json.loads((tmp_path / "p.json").read_text())
+    assert result["num_examples"] == 3 and [{k: w[k] for k in ("question_id", "answer")} for w in written] == rows
     with pytest.raises(ValueError, match="1 question_ids missing"):
         run(rows[:2])
     with pytest.raises(ValueError, match="predicted twice"):

@@ -67,7 +67,7 @@ class MLMHead(nn.Module):
         decoder is most of the head's cost), as efficient BERT pre-training does."""
         x = self.transform(hidden)
         return _TiedDecoder.apply(x.reshape(-1, x.shape[-1]), self._word_embeddings.weight,
-                                  self.bias).reshape(*x.shape[:-1], -1)
+                                  self.bias).reshape(*x.shape[:-1], self.bias.shape[0])
 
     def load_bert_state(self, state: dict[str, torch.Tensor]) -> None:
         """BERT's cls.predictions.* weights with that prefix stripped."""
