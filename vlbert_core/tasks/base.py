@@ -56,6 +56,10 @@ class Task:
     # modules (relative to the vlbert_core package) that only this task's dataset uses; a job of
     # another task leaves them out of its code fingerprint
     owned_modules: ClassVar[tuple[str, ...]] = ()
+    # the task's files when it declares them itself (a `tasks.custom` entry) instead of under the
+    # config's `sources:`; the workflow passes them to its jobs as `sources`
+    own_sources: ClassVar[Mapping[str, str] | None] = None
+    world_dataset: ClassVar[bool] = True  # rule `world` writes the dataset for the embedded world
 
     @classmethod
     def eval_task_names(cls) -> tuple[str, ...]:
@@ -106,6 +110,11 @@ class Task:
         """(metric value in percent, rows to write as the predictions file) against the official
         annotation files; torch-free."""
         raise NotImplementedError
+
+    def secondary_metrics(self, eval_task: str, split: str, scored_rows: list[dict]) -> dict[str, float]:
+        """More numbers for the eval JSON beside `metric`, from the rows `score` returned (the custom
+        task's macro-F1)."""
+        return {}
 
 
 def model_side(module: str, name: str):
