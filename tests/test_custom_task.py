@@ -15,7 +15,8 @@ import pytest
 from test_tasks import BOXES, MODEL_CFG, _scene, _write_rois, save_tiny_pretrained
 
 from vlbert_core.tasks import registry
-from vlbert_core.tasks.custom import CustomSpec, accuracy, check_rows, macro_f1, read_checked_rows
+from vlbert_core.tasks.custom import CustomSpec, accuracy, macro_f1, read_checked_rows
+from vlbert_core.tasks.custom_rows import check_rows
 
 REPO = Path(__file__).resolve().parents[1]
 DOWNLOAD = {"allow_file_urls": True, "retries": 0}
@@ -125,7 +126,7 @@ def test_a_config_entry_registers_a_task_once(custom_task, tmp_path):
 
 
 def test_the_custom_task_fine_tunes_predicts_and_scores(custom_task, tmp_path):
-    from vlbert_core.tasks.custom import write_custom_table
+    from vlbert_core.tables.custom import write_custom_table
     from vlbert_core.tasks.evaluate import predict_splits, write_prediction_bundle
     from vlbert_core.tasks.finetune import finetune, load_finetuned
     from vlbert_core.tasks.scoring import evaluate_predictions

@@ -3,7 +3,8 @@ readable, label known; URLs downloaded) and write the rows with their status, an
 
 from pathlib import Path
 
-from vlbert_core.tasks.custom import CustomSpec, check_rows
+from vlbert_core.tasks.custom import CustomSpec
+from vlbert_core.tasks.custom_rows import check_rows
 from vlbert_core.utils import setup_logging
 
 

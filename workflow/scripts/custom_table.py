@@ -1,6 +1,7 @@
 """Rule `custom_table`: results/tables/custom_<name>.csv (+ .md) from the eval JSONs of its settings."""
 
-from vlbert_core.tasks.custom import CustomSpec, write_custom_table
+from vlbert_core.tables.custom import write_custom_table
+from vlbert_core.tasks.custom import CustomSpec
 from vlbert_core.utils import setup_logging
 
 
