@@ -8,7 +8,7 @@
 
 from snakemake.utils import min_version, validate
 
-from vlbert_core.tasks.registry import check_finetune_config
+from vlbert_core.tasks.registry import check_finetune_config, register_config_tasks
 
 min_version("9.0")
 
@@ -17,6 +17,8 @@ configfile: workflow.source_path("config/config.yaml")
 
 
 validate(config, workflow.source_path("config/schema.yaml"))
+# one task per tasks.custom entry (your own data, docs/own-data.md), before the task names are used
+register_config_tasks(config)
 # the task names and what each task needs beyond the schema: the registered tasks decide
 check_finetune_config(config["finetune"], config["sources"])
 
@@ -31,6 +33,7 @@ include: "workflow/rules/finetune.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/tables.smk"
 include: "workflow/rules/seeds.smk"
+include: "workflow/rules/custom.smk"
 include: "workflow/rules/report.smk"
 
 
@@ -43,3 +46,4 @@ rule all:
     input:
         TABLES,
         REPORT,
+        CUSTOM_TABLES,

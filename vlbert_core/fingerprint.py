@@ -30,10 +30,10 @@ def task_modules() -> dict[str, tuple[str, ...]]:
     """{task family (a task's dataset): the modules only its tasks use, relative to the package},
     from the task registry. Every other module a script imports is shared, and an edit of it
     re-runs every task."""
-    from vlbert_core.tasks.registry import registered_tasks
+    from vlbert_core.tasks.registry import TASK_TEMPLATES, registered_tasks
 
     modules: dict[str, tuple[str, ...]] = {}
-    for task in registered_tasks():
+    for task in (*TASK_TEMPLATES, *registered_tasks()):
         modules[task.dataset] = tuple(dict.fromkeys((*modules.get(task.dataset, ()), *task.owned_modules)))
     return modules
 
@@ -145,11 +145,13 @@ def code_fingerprint(root: str | Path, script: str | Path, task: str | None = No
     excluded: set[Path] = set()
     if task is not None:
         family = task_family(task)
+        owned = task_modules()
         excluded = {
             (root / PACKAGE / module).resolve()
-            for other, modules in task_modules().items()
+            for other, modules in owned.items()
             if other != family
             for module in modules
+            if module not in owned.get(family, ())  # a config entry's task shares its template's modules
         }
     digest = hashlib.sha256()
     for path in code_files(root, script):

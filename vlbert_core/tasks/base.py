@@ -96,6 +96,10 @@ class Task:
     example_key: ClassVar[tuple[str, ...]] = ()
     outcome_field: ClassVar[str] = "correct"
     paired_test: ClassVar[str] = "mcnemar"  # 0/1 outcomes; "bootstrap" for soft scores
+    # the task's files when it declares them itself (a `tasks.custom` entry) instead of under the
+    # config's `sources:`; the workflow passes them to its jobs as `sources`
+    own_sources: ClassVar[Mapping[str, str] | None] = None
+    world_dataset: ClassVar[bool] = True  # rule `world` writes the dataset for the embedded world
 
     @classmethod
     def eval_task_names(cls) -> tuple[str, ...]:
@@ -224,6 +228,11 @@ class Task:
                 raise ValueError(f"predictions {path} row #{i}: example {key} appears twice")
             outcomes[key] = value
         return outcomes
+
+    def secondary_metrics(self, eval_task: str, split: str, scored_rows: list[dict]) -> dict[str, float]:
+        """More numbers for the eval JSON beside `metric`, from the rows `score` returned (the custom
+        task's macro-F1)."""
+        return {}
 
 
 def model_side(module: str, name: str):

@@ -1,7 +1,9 @@
 """The registry of fine-tuning tasks: task names -> `Task` classes (see `base.Task`).
 
 The built-in tasks are registered here; another task registers itself with `register(cls)` before
-the config is validated or a job runs. Every lookup of an unknown name is an error listing the
+the config is validated or a job runs. The config's own tasks (`tasks.custom.<name>`, see
+`tasks/custom.py`) are registered per entry by `register_config_tasks(config)`: the Snakefile calls
+it right after the schema, and every job script that looks tasks up calls it with `snakemake.config`. Every lookup of an unknown name is an error listing the
 registered ones. Torch-free (the task modules import torch only where their methods run).
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .base import PaperTable, TableColumn, Task
+from .custom import CustomClassificationTask, CustomSpec
 from .refcoco import RefcocoTask
 from .vcr import VcrQ2ATask, VcrQA2RTask
 from .vqa import VqaTask
@@ -27,6 +30,28 @@ def register(cls: type[Task]) -> type[Task]:
                          f"{sorted({taken[n].__name__ for n in clashes})}")
     _TASKS[cls.name] = cls
     return cls
+
+
+def register_custom(name: str, spec: Mapping[str, Any]) -> type[Task]:
+    """Register the `CustomClassificationTask` of the config entry `tasks.custom.<name>`. The same
+    entry again is a no-op (a job script registers what the Snakefile did); another entry under the
+    same name is an error."""
+    custom = CustomSpec.from_config(name, spec)
+    registered = _TASKS.get(custom.task_name)
+    if registered is not None and getattr(registered, "spec", None) == custom:
+        return registered
+    return register(CustomClassificationTask.task_class(custom))
+
+
+def register_config_tasks(config: Mapping[str, Any]) -> list[str]:
+    """Register a task per `tasks.custom.<name>` entry of the config; returns their task names."""
+    entries = (config.get("tasks") or {}).get("custom") or {}
+    return [register_custom(name, entry).name for name, entry in entries.items()]
+
+
+# Task classes that are no task themselves but make one per config entry: their modules belong to
+# their own family in the code fingerprints, whether or not the config has an entry.
+TASK_TEMPLATES: tuple[type[Task], ...] = (CustomClassificationTask,)
 
 
 def unregister(name: str) -> None:
@@ -76,6 +101,27 @@ def task_of_eval(eval_task: str) -> Task:
 def task_of_name(name: str) -> Task:
     """The task a fine-tune or eval task name belongs to."""
     return get_task(name) if name in _TASKS else task_of_eval(name)
+
+
+def config_task_names() -> list[str]:
+    """The registered tasks declared by the config (`tasks.custom`), not by code."""
+    return [cls.name for cls in _TASKS.values() if cls.own_sources is not None]
+
+
+def dataset_sources(dataset: str, sources: Mapping[str, Any]) -> dict:
+    """The files of a task dataset: the config's `sources.<dataset>`, or those a config-declared task
+    names itself (`Task.own_sources`)."""
+    for cls in _TASKS.values():
+        if cls.dataset == dataset and cls.own_sources is not None:
+            return dict(cls.own_sources)
+    if dataset not in sources:
+        raise ValueError(f"config sources: no entry {dataset!r} (it has {sorted(sources)})")
+    return dict(sources[dataset])
+
+
+def world_task_datasets() -> list[str]:
+    """The task datasets rule `world` writes for the embedded world."""
+    return list(dict.fromkeys(cls.dataset for cls in _TASKS.values() if cls.world_dataset))
 
 
 def task_datasets() -> list[str]:
@@ -138,7 +184,7 @@ def check_finetune_config(finetune: Mapping[str, Any], sources: Mapping[str, Any
         lacking = [key for key in cls.required_hparams if key not in finetune[cls.name]]
         if lacking:
             raise ValueError(f"config finetune.{cls.name} lacks keys {lacking}")
-        if cls.dataset not in sources:
+        if cls.own_sources is None and cls.dataset not in sources:
             raise ValueError(f"config sources: task {cls.name} needs sources.{cls.dataset}")
 
 

@@ -9,7 +9,7 @@ Eval JSON schema (the tables read exactly this):
 
     {"task", "metric", "value" (percent; VQA's rounded to 2 digits as the official code
      reports it), "split", "num_examples", "predictions" (path), "setting", "schedule",
-     "model_dir", "dataset"}
+     "model_dir", "dataset"} and the task's secondary metrics (a custom task's "macro_f1")
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def evaluate_predictions(eval_task: str, split: str, bundle_path: str | os.PathL
         tmp.write_text("[\n" + ",\n".join(json.dumps(r) for r in out_rows) + "\n]\n")
     result = {"task": eval_task, "metric": task.metric, "value": value, "split": split,
               "num_examples": len(out_rows), "predictions": str(predictions_path),
-              "setting": setting, "schedule": schedule, "model_dir": model_dir, "dataset": dataset}
+              "setting": setting, "schedule": schedule, "model_dir": model_dir, "dataset": dataset,
+              **task.secondary_metrics(eval_task, split, out_rows)}
     with atomic_path(json_path) as tmp:
         tmp.write_text(json.dumps(result, indent=1) + "\n")
     log.info("%s %s: %s = %.2f over %d examples", eval_task, split, result["metric"], value, len(out_rows))

@@ -15,19 +15,22 @@ from vlbert_core.tables import table_specs
 from vlbert_core.tables.build import outcome_paths
 from vlbert_core.tables.seeds import check_seeds, seed_eval_paths
 from snakemake.io import flag
+from vlbert_core.tasks.custom import CustomSpec
 
 # Every rule's software, for `--software-deployment-method conda` (relative to workflow/rules/).
 CONDA_ENV = "../../envs/vlbert.yaml"
 from vlbert_core.tasks.registry import (
+    config_task_names,
+    dataset_sources,
     dataset_splits,
     derived_eval_task_names,
     eval_task_names,
     get_task,
     roi_datasets,
-    task_datasets,
     task_names,
     task_of_eval,
     task_of_name,
+    world_task_datasets,
 )
 
 
@@ -146,7 +149,7 @@ def pretrain_text_shards(wildcards):
 def source_files(dataset, splits):
     """The raw files of a task dataset, with `{split}` templates filled in."""
     files = []
-    for key, path in config["sources"][dataset].items():
+    for key, path in dataset_sources(dataset, config["sources"]).items():
         if key == "images":
             continue  # image folders are not tracked as files; their annotation files are
         files.extend(sorted({path.format(split=s) for s in splits}))
@@ -237,7 +240,7 @@ def print_where_results_are():
 def world_outputs():
     src = config["sources"]
     files = list(src["cc"].values()) + [src["books"], src["wiki"]]
-    for dataset in task_datasets():
+    for dataset in world_task_datasets():
         files += source_files(dataset, dataset_splits(dataset))
     files += source_files("detector", ["train", "val"])
     return sorted(set(files))
@@ -256,6 +259,8 @@ def report_finetune_metrics():
     return [
         f"results/finetune/{task}/{setting}/{schedule}/metrics.jsonl"
         for task in FINETUNE_TASKS
+        if task
+        not in config_task_names()  # a config-declared task has its own table (custom.smk)
         for setting, schedule in jobs
     ]
 
@@ -351,3 +356,25 @@ def seed_table_evals(wildcards):
     check_seeds(config["seeds"])
     args = ("results", config["seeds"], config["seed"], config["pretrain"]["settings"])
     return [str(path) for path in seed_eval_paths(*args)]
+
+
+# ---- Your own tasks (tasks.custom, custom.smk): one registered task custom_<name> per entry ----
+
+CUSTOM_SPECS = {
+    name: CustomSpec.from_config(name, entry)
+    for name, entry in (config.get("tasks") or {}).get("custom", {}).items()
+}
+
+
+def custom_settings(name):
+    """The pre-training settings a custom task is fine-tuned from (its `settings`, else all)."""
+    spec = CUSTOM_SPECS[name]
+    settings = list(spec.settings or FINETUNE_SETTINGS)
+    unknown = [s for s in settings if s not in FINETUNE_SETTINGS]
+    if unknown or spec.schedule not in config["finetune"]["schedules"]:
+        raise ValueError(
+            f"config tasks.custom.{name}: settings {unknown} are not fine-tuned "
+            f"(known: {FINETUNE_SETTINGS}) or schedule {spec.schedule!r} is not one of "
+            f"{list(config['finetune']['schedules'])}"
+        )
+    return settings

@@ -32,7 +32,10 @@ rule evaluate:
         setting=lambda wc: wc.setting,
         schedule=lambda wc: wc.schedule,
         sources=lambda wc: stable(
-            config["sources"][finetune_dataset(eval_to_finetune_task(wc.eval_task))]
+            dataset_sources(
+                finetune_dataset(eval_to_finetune_task(wc.eval_task)),
+                config["sources"],
+            )
         ),
         dataset=config["dataset"],
     script:

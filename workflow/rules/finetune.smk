@@ -37,7 +37,9 @@ rule finetune:
         hparams=lambda wc: stable(config["finetune"][wc.finetune_task]),
         tune_frcnn=config["finetune"]["tune_frcnn"],
         model=stable(config["model"]),
-        sources=lambda wc: stable(config["sources"][finetune_dataset(wc.finetune_task)]),
+        sources=lambda wc: stable(
+            dataset_sources(finetune_dataset(wc.finetune_task), config["sources"])
+        ),
         eval_targets=lambda wc: eval_targets(wc.finetune_task),
         seed=config["seed"],
         device=config["device"],

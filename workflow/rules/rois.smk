@@ -20,8 +20,13 @@ ROI_IMPORT_PARAMS = stable(
     }
 )
 TASK_DATASETS = roi_datasets()
-DETECTED_TASK_DATASETS = [d for d in TASK_DATASETS if ROI_SOURCES[d] == "detector"]
-IMPORTED_TASK_DATASETS = [d for d in TASK_DATASETS if ROI_SOURCES[d] != "detector"]
+# a config-declared task (tasks.custom) has no rois.source entry: its images are always detected
+DETECTED_TASK_DATASETS = [
+    d for d in TASK_DATASETS if ROI_SOURCES.get(d, "detector") == "detector"
+]
+IMPORTED_TASK_DATASETS = [
+    d for d in TASK_DATASETS if ROI_SOURCES.get(d, "detector") != "detector"
+]
 
 
 if not config["detector"]["weights"]:
@@ -135,7 +140,7 @@ if DETECTED_TASK_DATASETS:
             code=lambda wc: code("extract_task_rois", wc.dataset),
             dataset=lambda wc: wc.dataset,
             split=lambda wc: wc.split,
-            sources=lambda wc: stable(config["sources"][wc.dataset]),
+            sources=lambda wc: stable(dataset_sources(wc.dataset, config["sources"])),
             rois=ROI_RULE_PARAMS,
             device=config["device"],
         script:
@@ -169,7 +174,7 @@ if IMPORTED_TASK_DATASETS:
             code=lambda wc: code("extract_task_rois", wc.dataset),
             dataset=lambda wc: wc.dataset,
             split=lambda wc: wc.split,
-            sources=lambda wc: stable(config["sources"][wc.dataset]),
+            sources=lambda wc: stable(dataset_sources(wc.dataset, config["sources"])),
             rois=ROI_IMPORT_PARAMS,
             device=config["device"],
         script:

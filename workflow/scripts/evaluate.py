@@ -2,11 +2,13 @@
 predictions and the dataset's own annotation files. Torch-free."""
 
 from vlbert_core.tasks.scoring import evaluate_predictions
+from vlbert_core.tasks.registry import register_config_tasks
 from vlbert_core.utils import setup_logging
 
 
 def main(smk) -> None:
     setup_logging(smk.log[0])
+    register_config_tasks(smk.config)  # the tasks.custom entries, as the Snakefile registered them
     evaluate_predictions(
         smk.params.task,
         smk.params.split,

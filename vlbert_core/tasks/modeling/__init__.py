@@ -10,9 +10,11 @@ Every head takes the model's `VLBertOutput` and the `VLBertBatch` it came from:
 - `vcr.VCRRoIClassifier`: the auxiliary RoI classification with linguistic clues: each `[IMG]`
   output (it has attended to the text) -> Linear -> the box's object-name class.
 - `refcoco.RefCOCOHead`: each `[IMG]` output -> MLP -> one binary score per RoI.
+- `custom.ClsClassifierHead`: the `[CLS]` output -> Dropout -> Linear -> one logit per label of a
+  `tasks.custom` entry; cross-entropy.
 - `common`: picking the `[CLS]`, `[MASK]` and `[IMG]` outputs, and the initialisation.
 """
 
 # every task's module: the fine-tune code imports this package, so that its code fingerprint
 # covers the samples and heads the task modules reach through `tasks.base.model_side`
-from . import refcoco, vcr, vqa  # noqa: F401,E402
+from . import custom, refcoco, vcr, vqa  # noqa: F401,E402
