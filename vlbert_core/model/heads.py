@@ -45,9 +45,13 @@ class _TiedDecoder(torch.autograd.Function):
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, grad: torch.Tensor):
         x, weight = ctx.saved_tensors
-        grad_x = grad @ weight if ctx.needs_input_grad[0] else None
-        grad_weight = grad.t() @ x if ctx.needs_input_grad[1] else None
-        grad_bias = grad.sum(0) if ctx.needs_input_grad[2] else None
+        # Under CPU autocast (bf16) the forward's addmm ran in the grad's dtype while the saved weight is
+        # fp32: the products run in the grad's dtype, as linear's backward does, and each gradient comes
+        # back in its input's dtype. Without autocast every cast below is a no-op.
+        compute = grad.dtype
+        grad_x = (grad @ weight.to(compute)).to(x.dtype) if ctx.needs_input_grad[0] else None
+        grad_weight = (grad.t() @ x.to(compute)).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        grad_bias = grad.sum(0).to(weight.dtype) if ctx.needs_input_grad[2] else None
         return grad_x, grad_weight, grad_bias
 
 
