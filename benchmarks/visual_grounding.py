@@ -302,7 +302,8 @@ def probes_report(run: Run, probes: dict, args: argparse.Namespace, seconds: flo
         f"Measured {time.strftime('%Y-%m-%d')} with `uv run python benchmarks/visual_grounding.py --run {args.run} "
         f"--probes-only{' --write-docs' if args.write_docs else ''}` ({seconds / 60:.1f} min), on a run's detector "
         f"(`detector.attribute_loss_weight: {weight}`; val AP@0.5 {metrics.get('ap50')}, attribute recall "
-        f"{metrics.get('attribute_recall')}, {metrics.get('train_seconds')} s of training) and its CC RoIs. "
+        f"{metrics.get('attribute_recall')}, {metrics.get('steps')} steps, {metrics.get('train_seconds')} s of "
+        "training) and its CC RoIs. "
         f"Linear probes on the frozen RoI features ({probes['samples']} CC images, {PROBE_TRAIN_FRACTION:.0%} to "
         "fit, the rest to test): does the caption name this word? Held-out accuracy of a logistic regression / "
         "majority-class rate.",
