@@ -16,6 +16,10 @@ causes, on the outputs of a run (default: this checkout's `results/`):
 
 Reproduce: uv run python benchmarks/visual_grounding.py --run . --write-docs
 (about 5 minutes on 2 CPU cores; needs a completed `snakemake ... results/tables/table4_ablation.csv`).
+
+`--probes-only` runs measurement 1 alone, which needs only the detector and the CC RoIs
+(`snakemake --cores all results/rois/cc/train-00000.parquet results/rois/cc/train-00001.parquet`), and
+with --write-docs replaces its own section (the probes of the detector with the attribute head).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from vlbert_core.utils import set_threads  # noqa: E402
 from vlbert_core.world.vocabulary import CATEGORIES, COLOUR_NAMES, SIZE_NAMES  # noqa: E402
 
 SECTION = "## Visual grounding (why the visual-clue check shows no gap)"
+PROBES_SECTION = "## Colour in the RoI features (the detector's attribute head)"
 SHAPES = tuple(c.name for c in CATEGORIES)
 SHAPE_WORDS = frozenset(SHAPES) | frozenset(c.plural for c in CATEGORIES)
 SIZES = frozenset(SIZE_NAMES)
@@ -289,6 +294,34 @@ def report(run: Run, probes: dict, kinds: dict, diagnostic: dict, args: argparse
     return "\n".join(lines) + "\n"
 
 
+def probes_report(run: Run, probes: dict, args: argparse.Namespace, seconds: float) -> str:
+    metrics_path = run.root / "results" / "detector" / "metrics.json"
+    metrics = yaml.safe_load(metrics_path.read_text()) if metrics_path.is_file() else {}
+    weight = run.config["detector"].get("attribute_loss_weight", 0)
+    lines = [
+        f"Measured {time.strftime('%Y-%m-%d')} with `uv run python benchmarks/visual_grounding.py --run {args.run} "
+        f"--probes-only{' --write-docs' if args.write_docs else ''}` ({seconds / 60:.1f} min), on a run's detector "
+        f"(`detector.attribute_loss_weight: {weight}`; val AP@0.5 {metrics.get('ap50')}, attribute recall "
+        f"{metrics.get('attribute_recall')}, {metrics.get('steps')} steps, {metrics.get('train_seconds')} s of "
+        "training) and its CC RoIs. "
+        f"Linear probes on the frozen RoI features ({probes['samples']} CC images, {PROBE_TRAIN_FRACTION:.0%} to "
+        "fit, the rest to test): does the caption name this word? Held-out accuracy of a logistic regression / "
+        "majority-class rate.",
+        "",
+        "| word | from box 0 (whole image) | from the mean of the object boxes |",
+        "|---|---|---|",
+    ]
+    for word, row in probes["rows"].items():
+        lines.append(f"| {word} | {row['box0'][0]:.2f} / {row['box0'][1]:.2f} | "
+                     f"{row['objects'][0]:.2f} / {row['objects'][1]:.2f} |")
+    colours = [probes["rows"][w] for w in COLOUR_NAMES]
+    mean = {k: (sum(r[k][0] for r in colours) / len(colours), sum(r[k][1] for r in colours) / len(colours))
+            for k in ("box0", "objects")}
+    lines += ["", f"Colour words, mean: box 0 {mean['box0'][0]:.2f} / {mean['box0'][1]:.2f}, object boxes "
+              f"{mean['objects'][0]:.2f} / {mean['objects'][1]:.2f}."]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, default=Path("."), help="a checkout with a finished run's results/")
@@ -296,11 +329,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=300, help="steps of the diagnostic objective")
     parser.add_argument("--lr", type=float, default=4e-4, help="its learning rate (constant)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--probes-only", action="store_true",
+                        help=f"measurement 1 only (no pre-trained checkpoints needed), docs section '{PROBES_SECTION}'")
     parser.add_argument("--write-docs", action="store_true", help=f"replace '{SECTION}' in docs/benchmarks.md")
     args = parser.parse_args(argv)
     set_threads(args.threads)
     started = time.time()
     run = Run(args.run.resolve())
+    if args.probes_only:
+        body = probes_report(run, run_probes(run), args, time.time() - started)
+        print(body)
+        if args.write_docs:
+            replace_section(PROBES_SECTION, body)
+        return 0
     held_out = run.captions(run.stream_cfg.held_out_per_shard)
     probes = run_probes(run)
     kinds = {}

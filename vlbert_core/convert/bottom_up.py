@@ -45,6 +45,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..detector.faster_rcnn import RELEASED_ATTRIBUTE_LOSS_WEIGHT
 from ..utils import atomic_path, get_logger
 from .accounting import ConversionError, ConversionReport, Drop, Rule, convert_state_dict
 from .manifest import read_published
@@ -138,6 +139,9 @@ def infer_config(source: dict[str, torch.Tensor], kind: str, path: Path) -> tupl
         "box_nms_thresh": 0.3,
         "num_attributes": num_attributes,
     }
+    if num_attributes is not None:
+        # Both files hold the Caffe model's weights, trained with train.prototxt's loss_attr weight 0.5.
+        config["attribute_loss_weight"] = RELEASED_ATTRIBUTE_LOSS_WEIGHT
     if kind == "bua-caffe":
         # test.prototxt + py-faster-rcnn config.py (TEST.RPN_POST_NMS_TOP_N 300, RPN_MIN_SIZE 16,
         # BBOX_NORMALIZE_TARGETS_PRECOMPUTED: the snapshot's bbox_pred predicts raw deltas).

@@ -25,8 +25,10 @@ there (docs/bottom-up-detector.md lists each convention and where the source has
                      torchvision.ops.RoIPool at 1/16); output 14x14 either way.
   size_divisible     the transform pads a batch to a multiple of this (default 32; Caffe: 1, no padding
                      beyond the largest image of the batch).
-  num_attributes     optional: adds the bottom-up attribute head (AttributePredictor) with
-                     num_attributes + 1 outputs ("no attribute" at 0).
+  num_attributes     optional: adds the bottom-up attribute head (AttributePredictor, in
+                     AttributeRoIHeads) with num_attributes + 1 outputs ("no attribute" at 0).
+  attribute_loss_weight
+                     the weight of its training loss (default 0: not trained; Caffe: 0.5).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from torchvision.models.detection._utils import BoxCoder
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.faster_rcnn import FastRCNNPredictor
 from torchvision.models.detection.image_list import ImageList
+from torchvision.models.detection.roi_heads import RoIHeads, fastrcnn_loss
 from torchvision.models.detection.rpn import RegionProposalNetwork, RPNHead
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops import MultiScaleRoIAlign, RoIPool, batched_nms
@@ -269,25 +272,90 @@ class SingleMapRoIPool(nn.Module):
 
 
 class AttributePredictor(nn.Module):
-    """Bottom-up attention's attribute head: the embedding of each RoI's arg-max class (background
+    """Bottom-up attention's attribute head: an embedding of each RoI's object class (background
     included) is concatenated to its pooled feature, then Linear -> ReLU -> Linear gives
     num_attributes + 1 logits (0 = no attribute). Caffe: cls_embedding (Embed 1601 -> 256, no bias),
     concat_pool5, fc_attr (2304 -> 512), relu_attr, attr_score (512 -> 401); the widths are the
-    feature width / 8 and / 4, as the PyTorch ports build them.
-
-    The project's RoI parquet has no attribute column and our training data no attribute labels, so
-    the head is loaded with converted weights and callable (`forward`), but neither trained by
-    train_detector nor stored by extract_rois."""
+    feature width / 8 and / 4, as the PyTorch ports build them. The class is the ground truth's in
+    training (AttributeRoIHeads) and the arg-max of the class scores at test time (predict_attributes)."""
 
     def __init__(self, in_channels: int, num_classes_with_background: int, num_attributes: int):
         super().__init__()
         self.cls_embedding = nn.Embedding(num_classes_with_background, in_channels // 8)
         self.fc_attr = nn.Linear(in_channels + in_channels // 8, in_channels // 4)
         self.attr_score = nn.Linear(in_channels // 4, num_attributes + 1)
+        # The output layer as Caffe's filler (gaussian std 0.01, zero bias). The embedding and fc_attr keep
+        # PyTorch's initialisation: Caffe's std 0.01 on all three suits its 2,048-wide features; on a narrow
+        # head it leaves the product of two 0.01-scaled layers, and 150 steps of the world's detector
+        # learned nothing (colour accuracy at chance).
+        nn.init.normal_(self.attr_score.weight, std=0.01)
+        nn.init.zeros_(self.attr_score.bias)
 
-    def forward(self, pooled: Tensor, class_logits: Tensor) -> Tensor:
-        embedded = self.cls_embedding(class_logits.argmax(dim=1))
-        return self.attr_score(F.relu(self.fc_attr(torch.cat([pooled, embedded], dim=1))))
+    def forward(self, pooled: Tensor, classes: Tensor) -> Tensor:
+        """pooled [N, C] RoI features, classes [N] int64 (0 = background) -> [N, num_attributes + 1] logits."""
+        embedded = self.cls_embedding(classes)
+        return self.attr_score(F.relu(self.fc_attr(torch.cat([pooled.flatten(1), embedded], dim=1))))
+
+
+# Slots per object for attribute labels (bottom-up attention: 16, padded with IGNORE_ATTRIBUTE).
+MAX_ATTRIBUTES_PER_OBJECT = 16
+IGNORE_ATTRIBUTE = -1
+# Caffe train.prototxt: loss_attr loss_weight 0.5.
+RELEASED_ATTRIBUTE_LOSS_WEIGHT = 0.5
+
+
+def attribute_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """Bottom-up attention's attribute loss (before its loss weight), as its PyTorch port computes it.
+
+    logits [N, A + 1] of N foreground RoIs; labels [N, S]: each RoI's attribute ids (1..A), padded with
+    IGNORE_ATTRIBUTE. Every label slot is a softmax cross-entropy over all A + 1 outputs, weighted by
+    1 / (the RoI's number of attributes), so each RoI with attributes counts once; the sum is divided
+    by the number of such RoIs. A RoI with no attribute ("no attribute" is output 0, never a target
+    here) adds nothing. Zero, still connected to `logits`, when no RoI has an attribute."""
+    if logits.shape[0] != labels.shape[0]:
+        raise ValueError(f"attribute_loss: {logits.shape[0]} RoIs of logits, {labels.shape[0]} of labels")
+    valid = labels != IGNORE_ATTRIBUTE                                               # [N, S]
+    per_roi = valid.sum(dim=1)                                                       # [N]
+    slots = logits[:, None, :].expand(-1, labels.shape[1], -1).reshape(-1, logits.shape[1])
+    losses = F.cross_entropy(slots, labels.reshape(-1), reduction="none", ignore_index=IGNORE_ATTRIBUTE)
+    weights = (valid.float() / per_roi.clamp(min=1)[:, None].float()).reshape(-1)
+    rois_with_attributes = int((per_roi > 0).sum())
+    return (losses * weights).sum() / max(rois_with_attributes, 1)
+
+
+class AttributeRoIHeads(RoIHeads):
+    """torchvision's RoIHeads with bottom-up attention's attribute head. Training adds `loss_attribute`
+    (attribute_loss x loss_weight) on the sampled foreground RoIs, each with its matched ground-truth
+    object's class and attributes (targets' `attributes`, [G, S] ids padded with IGNORE_ATTRIBUTE).
+    Detection (eval) is torchvision's; predict_attributes gives the attributes of given boxes."""
+
+    def __init__(self, heads: RoIHeads, attribute_predictor: AttributePredictor, loss_weight: float):
+        super().__init__(heads.box_roi_pool, heads.box_head, heads.box_predictor,
+                         heads.proposal_matcher.high_threshold, heads.proposal_matcher.low_threshold,
+                         heads.fg_bg_sampler.batch_size_per_image, heads.fg_bg_sampler.positive_fraction,
+                         heads.box_coder.weights, heads.score_thresh, heads.nms_thresh, heads.detections_per_img)
+        self.box_coder = heads.box_coder  # keeps a LegacyBoxCoder
+        self.attribute_predictor = attribute_predictor
+        self.attribute_loss_weight = float(loss_weight)
+
+    def forward(self, features, proposals, image_shapes, targets=None):
+        if not self.training or self.attribute_loss_weight == 0:
+            return super().forward(features, proposals, image_shapes, targets)
+        if targets is None or any("attributes" not in t for t in targets):
+            raise ValueError("AttributeRoIHeads: training with attribute_loss_weight > 0 needs targets with "
+                             "'attributes' ([G, S] attribute ids padded with -1)")
+        proposals, matched_idxs, labels, regression_targets = self.select_training_samples(proposals, targets)
+        pooled = self.box_head(self.box_roi_pool(features, proposals, image_shapes))
+        class_logits, box_regression = self.box_predictor(pooled)
+        loss_classifier, loss_box_reg = fastrcnn_loss(class_logits, box_regression, labels, regression_targets)
+        foreground = torch.cat(labels) > 0
+        gt_attributes = torch.cat([t["attributes"][idx] if len(t["attributes"]) else
+                                   torch.full((len(idx), MAX_ATTRIBUTES_PER_OBJECT), IGNORE_ATTRIBUTE,
+                                              dtype=torch.int64, device=idx.device)
+                                   for t, idx in zip(targets, matched_idxs)])
+        logits = self.attribute_predictor(pooled.flatten(1)[foreground], torch.cat(labels)[foreground])
+        loss_attribute = attribute_loss(logits, gt_attributes[foreground]) * self.attribute_loss_weight
+        return [], {"loss_classifier": loss_classifier, "loss_box_reg": loss_box_reg, "loss_attribute": loss_attribute}
 
 
 # ---- transform -----------------------------------------------------------------------------------------
@@ -326,7 +394,7 @@ def build_detector(cfg: Mapping[str, Any], num_classes: int) -> FasterRCNN:
     box_batch_size_per_image, and optionally anchor_sizes, aspect_ratios, rpn_pre_nms_train,
     rpn_pre_nms_test, box_score_thresh, box_nms_thresh, box_detections_per_img and the conventions
     of the module docstring (anchor_style, box_coding, box_reg_weights, rpn_head_channels,
-    rpn_nms_thresh, rpn_min_size, roi_pooler, size_divisible, num_attributes).
+    rpn_nms_thresh, rpn_min_size, roi_pooler, size_divisible, num_attributes, attribute_loss_weight).
     """
     if num_classes < 1:
         raise ValueError(f"build_detector: num_classes must be >= 1, got {num_classes}")
@@ -398,7 +466,9 @@ def build_detector(cfg: Mapping[str, Any], num_classes: int) -> FasterRCNN:
     elif "rpn_min_size" in cfg:
         raise ValueError("detector.rpn_min_size applies with box_coding: caffe_legacy only")
     if cfg.get("num_attributes") is not None:
-        model.roi_heads.attribute_predictor = AttributePredictor(head_out, num_classes + 1, int(cfg["num_attributes"]))
+        model.roi_heads = AttributeRoIHeads(
+            model.roi_heads, AttributePredictor(head_out, num_classes + 1, int(cfg["num_attributes"])),
+            float(cfg.get("attribute_loss_weight", 0.0)))
     model.transform = PixelFormatTransform(int(cfg["min_size"]), int(cfg["max_size"]), backbone_cfg.pixel_format,
                                            int(cfg.get("size_divisible", 32)))
     return model
@@ -413,4 +483,4 @@ def predict_attributes(model: FasterRCNN, features: Mapping[str, Tensor], boxes:
         raise ValueError("predict_attributes: this detector has no attribute head (detector.num_attributes)")
     pooled = heads.box_head(heads.box_roi_pool(features, boxes, image_shapes))
     class_logits, _ = heads.box_predictor(pooled)
-    return F.softmax(heads.attribute_predictor(pooled, class_logits), dim=-1)
+    return F.softmax(heads.attribute_predictor(pooled.flatten(1), class_logits.argmax(dim=1)), dim=-1)

@@ -7,7 +7,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import torch
 from torchvision.models.detection import FasterRCNN
@@ -16,7 +16,7 @@ from tqdm import tqdm
 from ..optim import OptimizerSettings, build_optimizer, build_scheduler, detectron_step_decay
 from ..utils import atomic_path, get_logger, seed_everything
 from .images import decode_image
-from .faster_rcnn import build_detector
+from .faster_rcnn import IGNORE_ATTRIBUTE, MAX_ATTRIBUTES_PER_OBJECT, build_detector, predict_attributes
 from .metrics import ImageDetections, ImageGroundTruth, evaluate_ap50
 from ..safe_pickle import load_torch_file
 
@@ -33,16 +33,31 @@ class DetectionImage:
     image: torch.Tensor  # [3, H, W] uint8
     boxes: torch.Tensor  # [G, 4] float32 x1,y1,x2,y2
     labels: torch.Tensor  # [G] int64 in 1..K
+    # [G, MAX_ATTRIBUTES_PER_OBJECT] int64 attribute ids 1..A padded with IGNORE_ATTRIBUTE; None when the
+    # file has no attribute vocabulary
+    attributes: torch.Tensor | None = None
+
+
+class CocoSplit(NamedTuple):
+    categories: list[dict]        # [{"id", "name"}] in label order 1..K
+    images: list[DetectionImage]
+    attributes: list[str] | None  # attribute names in id order 1..A, or None
 
 
 def load_coco_split(annotations_path: str | os.PathLike, images_dir: str | os.PathLike,
-                    categories: list[dict] | None = None) -> tuple[list[dict], list[DetectionImage]]:
+                    categories: list[dict] | None = None) -> CocoSplit:
     """Read a COCO instances file and its images.
 
     Categories are mapped to detector labels 1..K in ascending category-id order (0 is
     background). Pass the training split's categories when reading another split: they must
     agree. Crowd annotations are skipped; every other annotation must have a known category and a
     positive-size bbox inside its image.
+
+    Attributes, as in Visual Genome and the embedded world's detector files: a top-level
+    `attributes` vocabulary [{"id", "name"}] (ids 1..A) and per annotation an `attributes` list of
+    names from it (possibly empty, at most MAX_ATTRIBUTES_PER_OBJECT). A file without the vocabulary
+    has no attributes (CocoSplit.attributes None); an annotation naming an unknown attribute is an
+    error naming the file and the annotation.
     """
     path = Path(annotations_path)
     with open(path) as f:
@@ -55,6 +70,8 @@ def load_coco_split(annotations_path: str | os.PathLike, images_dir: str | os.Pa
     if categories is not None and file_categories != categories:
         raise ValueError(f"{path}: categories {file_categories} differ from the training split's {categories}")
     label_of = {c["id"]: i + 1 for i, c in enumerate(file_categories)}
+    attribute_names = _attribute_vocabulary(path, coco.get("attributes"))
+    attribute_id = {name: i + 1 for i, name in enumerate(attribute_names or [])}
 
     images_by_id: dict[int, dict] = {}
     for i, img in enumerate(coco["images"]):
@@ -66,6 +83,7 @@ def load_coco_split(annotations_path: str | os.PathLike, images_dir: str | os.Pa
         images_by_id[img["id"]] = img
     boxes_by_image: dict[int, list] = {image_id: [] for image_id in images_by_id}
     labels_by_image: dict[int, list] = {image_id: [] for image_id in images_by_id}
+    attributes_by_image: dict[int, list] = {image_id: [] for image_id in images_by_id}
     for i, ann in enumerate(coco["annotations"]):
         where = f"{path}: annotations[{i}] (id {ann.get('id')})"
         if ann.get("iscrowd", 0):
@@ -80,6 +98,8 @@ def load_coco_split(annotations_path: str | os.PathLike, images_dir: str | os.Pa
             raise ValueError(f"{where}: bbox {ann['bbox']} is empty or outside the {img['width']}x{img['height']} image")
         boxes_by_image[img["id"]].append([x, y, x + w, y + h])
         labels_by_image[img["id"]].append(label_of[ann["category_id"]])
+        if attribute_names is not None:
+            attributes_by_image[img["id"]].append(_annotation_attributes(where, ann.get("attributes", []), attribute_id))
 
     images_dir = Path(images_dir)
     out = []
@@ -97,10 +117,43 @@ def load_coco_split(annotations_path: str | os.PathLike, images_dir: str | os.Pa
             image=pixels,
             boxes=torch.tensor(boxes_by_image[image_id], dtype=torch.float32).reshape(-1, 4),
             labels=torch.tensor(labels_by_image[image_id], dtype=torch.int64),
+            attributes=None if attribute_names is None else torch.tensor(
+                attributes_by_image[image_id], dtype=torch.int64).reshape(-1, MAX_ATTRIBUTES_PER_OBJECT),
         ))
-    log.info("%s: %d images, %d boxes, %d categories", path, len(out),
-             sum(len(d.labels) for d in out), len(file_categories))
-    return file_categories, out
+    log.info("%s: %d images, %d boxes, %d categories, %s attributes", path, len(out),
+             sum(len(d.labels) for d in out), len(file_categories),
+             "no" if attribute_names is None else len(attribute_names))
+    return CocoSplit(file_categories, out, attribute_names)
+
+
+def _attribute_vocabulary(path: Path, entries) -> list[str] | None:
+    """The names of a file's `attributes` vocabulary in id order; its ids must be 1..A."""
+    if entries is None:
+        return None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and "id" in e and "name" in e for e in entries):
+        raise ValueError(f"{path}: 'attributes' must be a list of {{'id', 'name'}} entries")
+    entries = sorted(entries, key=lambda e: int(e["id"]))
+    if [int(e["id"]) for e in entries] != list(range(1, len(entries) + 1)):
+        raise ValueError(f"{path}: 'attributes' ids must be 1..{len(entries)} (0 is 'no attribute'), "
+                         f"got {[e['id'] for e in entries]}")
+    names = [str(e["name"]) for e in entries]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{path}: 'attributes' repeats a name: {names}")
+    return names
+
+
+def _annotation_attributes(where: str, names, attribute_id: dict[str, int]) -> list[int]:
+    """An annotation's attribute names as ids padded to MAX_ATTRIBUTES_PER_OBJECT with IGNORE_ATTRIBUTE."""
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{where}: 'attributes' must be a list of attribute names, got {names!r}")
+    unknown = [n for n in names if n not in attribute_id]
+    if unknown:
+        raise ValueError(f"{where}: unknown attribute(s) {unknown}; the file's 'attributes' vocabulary has "
+                         f"{sorted(attribute_id)}")
+    ids = sorted({attribute_id[n] for n in names})
+    if len(ids) > MAX_ATTRIBUTES_PER_OBJECT:
+        raise ValueError(f"{where}: {len(ids)} attributes, at most {MAX_ATTRIBUTES_PER_OBJECT} per object")
+    return ids + [IGNORE_ATTRIBUTE] * (MAX_ATTRIBUTES_PER_OBJECT - len(ids))
 
 
 def _hflip(image: torch.Tensor, boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,6 +178,30 @@ def evaluate_detector(model: FasterRCNN, data: list[DetectionImage], num_classes
     return evaluate_ap50(detections, truths, num_classes)
 
 
+def evaluate_attributes(model: FasterRCNN, data: list[DetectionImage], batch_size: int = 16) -> float:
+    """Attribute recall of the ground-truth boxes: per object with k attributes, the share of them among
+    the k most probable predicted attributes ("no attribute" excluded), averaged over those objects."""
+    model.eval()
+    hits, objects = 0.0, 0
+    with torch.inference_mode():
+        for start in range(0, len(data), batch_size):
+            chunk = [d for d in data[start:start + batch_size] if len(d.boxes)]
+            if not chunk:
+                continue
+            images, targets = model.transform([d.image.float().div(255.0) for d in chunk],
+                                              [{"boxes": d.boxes.clone(), "labels": d.labels} for d in chunk])
+            features = model.backbone(images.tensors)
+            probs = predict_attributes(model, {"0": features}, [t["boxes"] for t in targets], images.image_sizes)
+            truth = torch.cat([d.attributes for d in chunk])
+            for p, row in zip(probs[:, 1:], truth):
+                wanted = set((row[row != IGNORE_ATTRIBUTE]).tolist())
+                if wanted:
+                    top = set((p.topk(len(wanted)).indices + 1).tolist())
+                    hits += len(top & wanted) / len(wanted)
+                    objects += 1
+    return hits / max(objects, 1)
+
+
 def train_detector(
     cfg: Mapping[str, Any],
     annotations_train: str | os.PathLike,
@@ -139,7 +216,9 @@ def train_detector(
     cfg is the config's `detector:` section; training settings come from cfg['train']: steps,
     batch_size, lr, weight_decay, and optionally warmup_steps (default min(100, steps // 10)),
     decay_at (fractions of steps where lr drops 10x, default [0.75, 0.9]), clip_grad (default 10).
-    SGD with momentum 0.9 and horizontal-flip augmentation.
+    SGD with momentum 0.9 and horizontal-flip augmentation. With cfg['attribute_loss_weight'] > 0 the
+    annotations must carry attributes (load_coco_split): the detector gets bottom-up attention's attribute
+    head (num_attributes = the vocabulary's size), trained with them, its val attribute recall reported.
     """
     seed_everything(seed)
     train_cfg = dict(cfg["train"])
@@ -149,11 +228,25 @@ def train_detector(
     decay_at = tuple(float(f) for f in train_cfg.get("decay_at", DEFAULT_DECAY_AT))
     clip_grad = float(train_cfg.get("clip_grad", 10.0))
 
-    categories, train_data = load_coco_split(annotations_train, images_dir)
-    _, val_data = load_coco_split(annotations_val, images_dir, categories)
+    categories, train_data, attribute_names = load_coco_split(annotations_train, images_dir)
+    _, val_data, val_attribute_names = load_coco_split(annotations_val, images_dir, categories)
     if not train_data:
         raise ValueError(f"{annotations_train}: no training images")
     num_classes = len(categories)
+    cfg = dict(cfg)
+    train_attributes = float(cfg.get("attribute_loss_weight", 0.0)) > 0
+    if train_attributes:
+        if attribute_names is None:
+            raise ValueError(f"{annotations_train}: detector.attribute_loss_weight is {cfg['attribute_loss_weight']}, "
+                             "but the file has no 'attributes' vocabulary (set attribute_loss_weight: 0 to train "
+                             "without attributes)")
+        if val_attribute_names != attribute_names:
+            raise ValueError(f"{annotations_val}: attributes {val_attribute_names} differ from the training "
+                             f"split's {attribute_names}")
+        if cfg.get("num_attributes") not in (None, len(attribute_names)):
+            raise ValueError(f"detector.num_attributes={cfg['num_attributes']}, but {annotations_train} has "
+                             f"{len(attribute_names)} attributes")
+        cfg["num_attributes"] = len(attribute_names)
     model = build_detector(cfg, num_classes)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(model, OptimizerSettings(
@@ -179,7 +272,10 @@ def train_detector(
             if torch.rand((), generator=generator).item() < 0.5:
                 image, boxes = _hflip(image, boxes)
             batch_images.append(image.float().div(255.0))
-            batch_targets.append({"boxes": boxes, "labels": item.labels})
+            target = {"boxes": boxes, "labels": item.labels}
+            if train_attributes:
+                target["attributes"] = item.attributes
+            batch_targets.append(target)
         losses = model(batch_images, batch_targets)
         loss = sum(losses.values())
         if not torch.isfinite(loss):
@@ -210,10 +306,15 @@ def train_detector(
         "train_seconds": round(train_seconds, 1),
         "final_losses": {k: round(v, 4) for k, v in running.items()},
     }
+    if train_attributes:
+        metrics["attribute_recall"] = round(evaluate_attributes(model, val_data), 4)
+        log.info("val attribute recall = %.3f", metrics["attribute_recall"])
     log.info("val AP@0.5 = %s over %d images (%.0f s of training)", result["ap50"], len(val_data), train_seconds)
 
-    checkpoint = {"config": dict(cfg), "categories": categories, "num_classes": num_classes,
+    checkpoint = {"config": cfg, "categories": categories, "num_classes": num_classes,
                   "state_dict": model.state_dict()}
+    if train_attributes:
+        checkpoint["attributes"] = attribute_names  # as the bottom-up conversion stores attributes_vocab.txt
     with atomic_path(out_model) as tmp:
         torch.save(checkpoint, tmp)
     with atomic_path(out_metrics) as tmp:

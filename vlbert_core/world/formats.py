@@ -19,7 +19,7 @@ from PIL import Image
 
 from ..utils import atomic_path
 from .scene import Scene, SceneObject, object_polygon, polygon_area
-from .vocabulary import CATEGORY_BY_NAME, coco_categories
+from .vocabulary import CATEGORY_BY_NAME, coco_attributes, coco_categories
 
 MEDIAWIKI_XMLNS = "http://www.mediawiki.org/xml/export-0.10/"
 # Namespaces of an English Wikipedia dump that the synthetic dump uses.
@@ -179,11 +179,14 @@ def write_wiki_dump(path: Path, pages: list[WikiPage]) -> None:
 
 # ---------------------------------------------------------------- COCO / VCR records
 
-def coco_annotation(ann_id: int, image_id: int, obj: SceneObject) -> dict:
-    """One COCO instance: bbox is [x, y, w, h] in pixels, segmentation a flattened polygon."""
+def coco_annotation(ann_id: int, image_id: int, obj: SceneObject, with_attributes: bool = False) -> dict:
+    """One COCO instance: bbox is [x, y, w, h] in pixels, segmentation a flattened polygon. With
+    attributes (the detector's files), also `attributes`: the object's attribute names, as Visual
+    Genome lists them per object (colour, then size class)."""
     polygon = object_polygon(obj)
     x1, y1, x2, y2 = obj.box
-    return {
+    extra = {"attributes": [obj.colour, obj.size]} if with_attributes else {}
+    return {**extra,
         "id": ann_id,
         "image_id": image_id,
         "category_id": CATEGORY_BY_NAME[obj.category].id,
@@ -198,8 +201,12 @@ def coco_image(image_id: int, file_name: str, scene: Scene) -> dict:
     return {"id": image_id, "file_name": file_name, "width": scene.width, "height": scene.height, "license": 0}
 
 
-def coco_instances(images: list[dict], annotations: list[dict], description: str) -> dict:
-    return {
+def coco_instances(images: list[dict], annotations: list[dict], description: str,
+                   with_attributes: bool = False) -> dict:
+    """A COCO instances file; with attributes, also the `attributes` vocabulary ([{"id", "name"}], like
+    `categories`) that the annotations' attribute names come from."""
+    extra = {"attributes": coco_attributes()} if with_attributes else {}
+    return {**extra,
         "info": {"description": description, "version": "1.0", "year": 2020, "contributor": "vlbert_core.world"},
         "licenses": [{"id": 0, "name": "synthetic, no restrictions", "url": ""}],
         "images": images,

@@ -378,9 +378,11 @@ class _World:
                 formats.save_jpeg(render(scene), image_dir / file_name, self.quality)
                 images.append(formats.coco_image(image_id, file_name, scene))
                 first_ann = len(annotations) + 1
-                annotations += [formats.coco_annotation(first_ann + j, image_id, o) for j, o in enumerate(scene.objects)]
+                annotations += [formats.coco_annotation(first_ann + j, image_id, o, with_attributes=True)
+                                for j, o in enumerate(scene.objects)]
             path = self.path(self.sources["detector"]["annotations"], split=split)
-            formats.write_json(path, formats.coco_instances(images, annotations, f"detector {split} images"))
+            formats.write_json(path, formats.coco_instances(images, annotations, f"detector {split} images",
+                                                            with_attributes=True))
             self.counts["detector"][split] = {"images": n, "objects": len(annotations)}
             log.info("detector %s: %d images, %d objects -> %s", split, n, len(annotations), path)
 

@@ -61,6 +61,11 @@ SIZES: dict[str, tuple[int, int]] = {"small": (14, 24), "large": (28, 44)}
 SIZE_NAMES: tuple[str, ...] = tuple(SIZES)
 COMPARATIVES = {"small": ("smaller", "smallest"), "large": ("larger", "largest")}
 
+# The attributes the detector's annotations carry (as Visual Genome's objects carry "white", "large", ...):
+# every object's colour and size class. Ids 1..A in this order; bottom-up attention's attribute head
+# keeps 0 for "no attribute".
+ATTRIBUTE_NAMES: tuple[str, ...] = COLOUR_NAMES + SIZE_NAMES
+
 # Background kinds and the adjectives the language uses for them.
 BACKGROUND_WORDS: dict[str, tuple[str, ...]] = {
     "light": ("plain light", "pale", "light grey"),
@@ -95,6 +100,11 @@ def plural(category: str) -> str:
 
 def number_word(n: int) -> str:
     return NUMBER_WORDS[n] if 0 <= n < len(NUMBER_WORDS) else str(n)
+
+
+def coco_attributes() -> list[dict]:
+    """The `attributes` vocabulary of the detector's annotation files: [{"id", "name"}], ids 1..A."""
+    return [{"id": i, "name": name} for i, name in enumerate(ATTRIBUTE_NAMES, start=1)]
 
 
 def coco_categories() -> list[dict]:
