@@ -221,7 +221,7 @@ def test_vqa_tsv_with_cls_prob_round_trips_to_the_task_reader(detector_file, tmp
         input=SimpleNamespace(tsv=str(tsv), model=str(detector_file)),
         output=SimpleNamespace(parquet=str(out)),
         params=SimpleNamespace(dataset="vqa", split="val", rois=ROIS_CFG, device="cpu", sources=sources),
-        threads=1, log=[str(tmp_path / "import.log")],
+        threads=1, log=[str(tmp_path / "import.log")], config={},
     ))
     from vlbert_core.tasks.common import rois_for_key
     from vlbert_core.tasks.finetune import read_task_rois

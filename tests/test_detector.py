@@ -654,7 +654,7 @@ def test_task_images_that_cannot_be_read_are_accounted_and_the_rest_goes_on(tiny
                                      "batch_size": 2},
                                sources={"questions": str(tmp_path / "questions_{split}.json"),
                                         "images": str(tmp_path / "{split}2014")}),
-        threads=1, log=[str(tmp_path / "rois.log")],
+        threads=1, log=[str(tmp_path / "rois.log")], config={},
     ))
     records = read_rois(out)
     assert {k: r.status for k, r in records.items()} == {
