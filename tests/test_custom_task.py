@@ -163,9 +163,13 @@ def test_the_custom_task_fine_tunes_predicts_and_scores(custom_task, tmp_path):
     assert result["value"] == pytest.approx(accuracy([r["label"] for r in scored], [r["gold"] for r in scored]))
     assert result["macro_f1"] == pytest.approx(macro_f1([r["label"] for r in scored], [r["gold"] for r in scored]))
 
-    rows = write_custom_table(spec, {"full": tmp_path / "eval.json"}, out / "labels.json", tmp_path / "t.csv",
+    rows = write_custom_table(spec, {"full": tmp_path / "eval.json"}, out / "labels.json",
+                              {split: out / f"{split}.rows.jsonl" for split in ("train", "val")}, tmp_path / "t.csv",
                               tmp_path / "t.md", dataset="synthetic", model_cfg={"bert_path": "x"})
     assert rows[0]["accuracy"] == result["value"] and rows[0]["rows_skipped"] == 5
+    # train's ok labels a, b, c, a, b, c, zzz: a tie, broken by label order -> always "a" on val a, b, c, a
+    assert rows[1]["setting"] == "majority label" and "always 'a'" in rows[1]["note"]
+    assert rows[1]["accuracy"] == 50.0 and rows[1]["macro_f1"] == pytest.approx(100 * (2 / 3) / 3)
     notes = (tmp_path / "t.md").read_text()
     assert "10 rows, 7 ok, skipped 1 missing_image, 1 unreadable_image, 1 bad_row" in notes
     assert "6 rows, 4 ok, skipped 1 missing_image, 1 unknown_label" in notes
