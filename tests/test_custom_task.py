@@ -272,3 +272,9 @@ def test_predict_answers_a_custom_model_as_the_evaluation_does(custom_task, tmp_
     with pytest.raises(PredictError, match=r"tasks\.custom\.mine\.download\.allow_file_urls is false"):
         Predictor(tmp_path / "ft", config=no_files, detector=tmp_path / "detector.pt").predict(
             [{"image": Path(rows[0]["path"]).as_uri(), "text": "caption 0"}])
+
+
+def test_a_download_option_error_names_the_entry(tmp_path):
+    entry = {**_dataset(tmp_path / "data"), "download": {"bogus": 1}}
+    with pytest.raises(ValueError, match=r"config tasks\.custom\.mine\.download: missing keys \[\], unknown keys \['bogus'\]"):
+        check_rows(CustomSpec.from_config("mine", entry), tmp_path / "out")
