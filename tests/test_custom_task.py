@@ -163,9 +163,13 @@ def test_the_custom_task_fine_tunes_predicts_and_scores(custom_task, tmp_path):
     assert result["value"] == pytest.approx(accuracy([r["label"] for r in scored], [r["gold"] for r in scored]))
     assert result["macro_f1"] == pytest.approx(macro_f1([r["label"] for r in scored], [r["gold"] for r in scored]))
 
-    rows = write_custom_table(spec, {"full": tmp_path / "eval.json"}, out / "labels.json", tmp_path / "t.csv",
+    rows = write_custom_table(spec, {"full": tmp_path / "eval.json"}, out / "labels.json",
+                              {split: out / f"{split}.rows.jsonl" for split in ("train", "val")}, tmp_path / "t.csv",
                               tmp_path / "t.md", dataset="synthetic", model_cfg={"bert_path": "x"})
     assert rows[0]["accuracy"] == result["value"] and rows[0]["rows_skipped"] == 5
+    # train's ok labels a, b, c, a, b, c, zzz: a tie, broken by label order -> always "a" on val a, b, c, a
+    assert rows[1]["setting"] == "majority label" and "always 'a'" in rows[1]["note"]
+    assert rows[1]["accuracy"] == 50.0 and rows[1]["macro_f1"] == pytest.approx(100 * (2 / 3) / 3)
     notes = (tmp_path / "t.md").read_text()
     assert "10 rows, 7 ok, skipped 1 missing_image, 1 unreadable_image, 1 bad_row" in notes
     assert "6 rows, 4 ok, skipped 1 missing_image, 1 unknown_label" in notes
@@ -191,3 +195,86 @@ def test_the_example_config_plans_the_custom_table(tmp_path):
         "evaluate": 2, "custom_table": 1}
     assert "results/finetune/custom_example/none/full/model.safetensors" in proc.stdout
     assert not (tmp_path / "results").exists()
+
+
+def test_predict_answers_a_custom_model_as_the_evaluation_does(custom_task, tmp_path):
+    """`python -m vlbert_core.predict` on a custom task's fine-tune: --config registers the task, the
+    detector's RoIs go through the same samples and model, and each held-out row's top label (and its
+    probability) is the evaluation's prediction for it."""
+    import torch
+    import yaml
+    from conftest import TINY_DETECTOR_CFG
+
+    from vlbert_core.detector import build_detector, extract_rois_with_detector
+    from vlbert_core.model import load_tokenizer
+    from vlbert_core.predict import PredictError, Predictor
+    from vlbert_core.predict.__main__ import main
+    from vlbert_core.tasks.evaluate import predict_batches, predict_splits
+    from vlbert_core.tasks.finetune import finetune, load_finetuned, read_task_rois
+    from vlbert_core.tasks.samples import ImageLoader, Tokens
+
+    select = {"score_threshold": 0.5, "min_boxes": 3, "max_boxes": 6, "nms_iou": 0.3, "batch_size": 2,
+              "num_workers": 0}
+    entry = _dataset(tmp_path / "data")
+    out = tmp_path / "out"
+    check_rows(CustomSpec.from_config("mine", entry), out)
+    config = {"tasks": {"custom": {"mine": entry}}, "rois": select}
+    registry.register_config_tasks(config)
+    sources = {"rows": str(out / "{split}.rows.jsonl"), "labels": str(out / "labels.json")}
+    task = registry.get_task("custom_mine")
+    _write_rois(tmp_path / "rois/train.parquet", {key: BOXES for key in task.roi_image_paths("train", sources)})
+    torch.manual_seed(0)
+    detector = build_detector(TINY_DETECTOR_CFG, num_classes=3)
+    torch.save({"config": TINY_DETECTOR_CFG, "categories": [{"id": i, "name": f"c{i}"} for i in (1, 2, 3)],
+                "num_classes": 3, "state_dict": detector.state_dict()}, tmp_path / "detector.pt")
+    val_paths = task.roi_image_paths("val", sources)
+    extract_rois_with_detector(tmp_path / "detector.pt", sorted((k, str(p)) for k, p in val_paths.items()),
+                               tmp_path / "rois/val.parquet", select)
+    save_tiny_pretrained(tmp_path / "pretrained")
+    finetune("custom_mine", tmp_path / "pretrained", tmp_path / "ft", setting="full", schedule="full",
+             schedule_factor=1.0, hparams={"epochs": 2, "batch_size": 3, "lr": 1e-2, "optimizer": "adamw",
+                                           "max_text_len": 16},
+             tune_frcnn=False, model_cfg=MODEL_CFG, sources=sources, rois_paths=[str(tmp_path / "rois/train.parquet")],
+             seed=0)
+    expected = predict_splits(tmp_path / "ft", [("custom_mine", "val")], sources=sources, model_cfg=MODEL_CFG,
+                              rois_paths=[str(tmp_path / "rois/val.parquet")])["custom_mine/val"]
+    model, meta = load_finetuned(tmp_path / "ft")
+    records, rois_source = read_task_rois([str(tmp_path / "rois/val.parquet")])
+    data = task.build_data("val", meta, sources=sources, tokens=Tokens(load_tokenizer(model.vlbert.config.bert_path)),
+                           images=ImageLoader(MODEL_CFG["image_max_side"]), max_rois=MODEL_CFG["max_rois"],
+                           max_text_len=meta["max_text_len"], rois=records, rois_source=rois_source)
+    probabilities = torch.cat([torch.softmax(o["logits"], dim=1)
+                               for _, o, _ in predict_batches(model, data, meta["batch_size"], "cpu", "val")])
+
+    rows = [r for r in read_checked_rows(out / "val.rows.jsonl") if r["status"] == "ok"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    written = main(["--model", str(tmp_path / "ft"), "--task", "custom_mine", "--detector", str(tmp_path / "detector.pt"),
+                    "--config", str(tmp_path / "config.yaml"), *[a for r in rows for a in ("--image", r["path"], "--text", r["text"])],
+                    "--top-k", "2"])
+    results = written["results"]
+    assert written["task"] == "custom_mine" and len(results) == len(expected) == 4
+    assert [r["label"] for r in results] == [row["label"] for row in expected]
+    for result, row_probabilities in zip(results, probabilities):
+        assert [a["label"] for a in result["labels"]] == [meta["labels"][j] for j in row_probabilities.argsort(
+            descending=True, stable=True)[:2].tolist()]
+        assert [a["probability"] for a in result["labels"]] == pytest.approx(
+            row_probabilities.sort(descending=True).values[:2].tolist(), abs=1e-6)
+
+    registry.unregister("custom_mine")  # without the config that declares it, the model's task is unknown
+    with pytest.raises(PredictError, match=r"custom_mine model, a task that is not registered.*--config"):
+        Predictor(tmp_path / "ft")
+    with pytest.raises(ValueError, match=r"query #0: the text is \d+ word pieces"):
+        Predictor(tmp_path / "ft", config=config, detector=tmp_path / "detector.pt").predict(
+            [{"image": rows[0]["path"], "text": "word " * 40}])
+    # a URL under this task's own downloader settings: its errors name its config key
+    no_files = {"tasks": {"custom": {"mine": {**entry, "download": {"retries": 0}}}}, "rois": select}
+    registry.unregister("custom_mine")
+    with pytest.raises(PredictError, match=r"tasks\.custom\.mine\.download\.allow_file_urls is false"):
+        Predictor(tmp_path / "ft", config=no_files, detector=tmp_path / "detector.pt").predict(
+            [{"image": Path(rows[0]["path"]).as_uri(), "text": "caption 0"}])
+
+
+def test_a_download_option_error_names_the_entry(tmp_path):
+    entry = {**_dataset(tmp_path / "data"), "download": {"bogus": 1}}
+    with pytest.raises(ValueError, match=r"config tasks\.custom\.mine\.download: missing keys \[\], unknown keys \['bogus'\]"):
+        check_rows(CustomSpec.from_config("mine", entry), tmp_path / "out")

@@ -41,7 +41,7 @@ def _checked_options(options: Mapping[str, Any], required: tuple, optional: tupl
     unknown = [name for name in options if name not in required + optional]
     if missing or unknown:
         raise ValueError(
-            f"config cc.{what}: missing keys {missing}, unknown keys {unknown}; "
+            f"config {what}: missing keys {missing}, unknown keys {unknown}; "
             f"expected {list(required)} and optionally {list(optional)}"
         )
     return dict(options)
@@ -60,9 +60,11 @@ def image_meta(url: str, row: int, image: ResizedImage) -> dict[str, Any]:
     }
 
 
-def make_downloader(download: Mapping[str, Any]) -> Downloader:
-    """A Downloader from the config's cc.download mapping (unknown keys are an error)."""
-    return Downloader(**_checked_options(download, DOWNLOAD_REQUIRED, DOWNLOAD_OPTIONAL, "download"))
+def make_downloader(download: Mapping[str, Any], config_key: str = "cc.download") -> Downloader:
+    """A Downloader from a download mapping of the config (cc.download, or `config_key` naming where
+    else it comes from, for the errors); unknown keys are an error."""
+    options = _checked_options(download, DOWNLOAD_REQUIRED, DOWNLOAD_OPTIONAL, config_key)
+    return Downloader(**options, config_key=config_key)
 
 
 def download_cc_shard(
@@ -84,7 +86,7 @@ def download_cc_shard(
     """
     if not re.fullmatch(r"[A-Za-z0-9_]+", split):
         raise ValueError(f"split name {split!r} must be letters, digits or '_' (it becomes part of sample keys)")
-    resize_options = _checked_options(resize, RESIZE_REQUIRED, RESIZE_OPTIONAL, "resize")
+    resize_options = _checked_options(resize, RESIZE_REQUIRED, RESIZE_OPTIONAL, "cc.resize")
     downloader = make_downloader(download)
 
     part = read_shard_rows(rows_parquet, shard)

@@ -335,23 +335,26 @@ class Downloader:
         deadline_s: float | None = None,
         user_agent: str = USER_AGENT,
         allow_file_urls: bool = False,
+        config_key: str = "cc.download",
     ):
+        # config_key: where the options come from (cc.download, tasks.custom.<name>.download), for errors
+        self.config_key = config_key
         if timeout_s <= 0:
-            raise ValueError(f"download timeout_s must be > 0, got {timeout_s}")
+            raise ValueError(f"{config_key}.timeout_s must be > 0, got {timeout_s}")
         if retries < 0:
-            raise ValueError(f"download retries must be >= 0, got {retries}")
+            raise ValueError(f"{config_key}.retries must be >= 0, got {retries}")
         if max_bytes <= 0:
-            raise ValueError(f"download max_bytes must be > 0, got {max_bytes}")
+            raise ValueError(f"{config_key}.max_bytes must be > 0, got {max_bytes}")
         if threads < 1:
-            raise ValueError(f"download threads must be >= 1, got {threads}")
+            raise ValueError(f"{config_key}.threads must be >= 1, got {threads}")
         if backoff_s < 0 or max_backoff_s < 0:
-            raise ValueError(f"download backoff must be >= 0, got {backoff_s} (cap {max_backoff_s})")
+            raise ValueError(f"{config_key}.backoff must be >= 0, got {backoff_s} (cap {max_backoff_s})")
         if max_redirects < 0:
-            raise ValueError(f"download max_redirects must be >= 0, got {max_redirects}")
+            raise ValueError(f"{config_key}.max_redirects must be >= 0, got {max_redirects}")
         if deadline_s is not None and deadline_s <= 0:
-            raise ValueError(f"download deadline_s must be > 0, got {deadline_s}")
+            raise ValueError(f"{config_key}.deadline_s must be > 0, got {deadline_s}")
         if not isinstance(allow_file_urls, bool):
-            raise ValueError(f"download allow_file_urls must be true or false, got {allow_file_urls!r}")
+            raise ValueError(f"{config_key}.allow_file_urls must be true or false, got {allow_file_urls!r}")
         self.timeout_s = float(timeout_s)
         self.retries = int(retries)
         self.max_bytes = int(max_bytes)
@@ -362,7 +365,7 @@ class Downloader:
         self.deadline_s = float(deadline_s) if deadline_s is not None else 4.0 * self.timeout_s
         self.allow_file_urls = allow_file_urls
         if not user_agent.isprintable() or not user_agent.isascii():
-            raise ValueError(f"download user_agent must be printable ASCII, got {user_agent!r}")
+            raise ValueError(f"{config_key}.user_agent must be printable ASCII, got {user_agent!r}")
         self.user_agent = user_agent
         # identity: images do not compress; a server that encodes anyway is decoded (and capped).
         self._headers = {"User-Agent": user_agent, "Accept": "image/*,*/*;q=0.8", "Accept-Encoding": "identity"}
@@ -391,7 +394,7 @@ class Downloader:
             return self._fetch_file(url)
         if scheme == "file":
             return FetchResult(
-                None, st.REFUSED_SCHEME, f"file:// URLs are refused (cc.download.allow_file_urls is false): {url[:200]}"
+                None, st.REFUSED_SCHEME, f"file:// URLs are refused ({self.config_key}.allow_file_urls is false): {url[:200]}"
             )
         if not scheme:
             return FetchResult(None, st.UNSUPPORTED_URL, f"not an absolute URL: {url[:200]}")

@@ -5,6 +5,10 @@
   RefCOCO+: --model results/finetune/refcoco/full/full --detector results/detector/model.pt
             --image photo.jpg --text "the red ball on the left" [--draw chosen.png]
             [--boxes X1,Y1,X2,Y2 ...: your own candidate boxes instead of the detector's RoIs]
+  Your own task (tasks.custom.<name> of the config, docs/own-data.md):
+            --model results/finetune/custom_<name>/full/full --detector results/detector/model.pt
+            --config config/config.yaml --config my_task.yaml --image photo.jpg --text "a sentence"
+            [--top-k 3]: the labels ranked with their probabilities
   VCR:      --model results/finetune/vcr_q2a/full/full --image photo.jpg
             --objects person:10,20,60,90 dog:70,40,120,95 --text "why is [0] next to [1] ?"
             --choices "[0] owns [1] ." "it is raining ." "[1] is lost ." "[0] is cooking ."
@@ -13,7 +17,8 @@
 
 --image and --text repeat (pairs in order; one of them given once goes with every other);
 --queries FILE takes one JSON query per line ({"image", "text", ...}, docs/predict.md).
-Images are paths or http(s) URLs (fetched with the config's cc.download settings).
+Images are paths or http(s) URLs (fetched with the config's cc.download settings, or a custom
+task's tasks.custom.<name>.download).
 """
 
 from __future__ import annotations
@@ -38,11 +43,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", required=True, type=Path,
                         help="fine-tuned model directory, results/finetune/<task>/<setting>/<schedule>")
     parser.add_argument("--task", help="fail unless the model was fine-tuned on this task or dataset "
-                                       "(vqa, refcoco, vcr, vcr_q2a, vcr_qa2r)")
+                                       "(vqa, refcoco, vcr, vcr_q2a, vcr_qa2r, custom_<name>)")
     parser.add_argument("--detector", type=Path,
                         help="detector checkpoint (results/detector/model.pt) for tasks that read detected RoIs")
     parser.add_argument("--config", action="append", type=Path,
-                        help=f"the run's config (rois: selection, cc.download for URLs); repeat to merge, "
+                        help=f"the run's config (rois: selection, download settings for URLs, your own tasks' "
+                             f"tasks.custom entries); repeat to merge, "
                              f"later ones win (default: {DEFAULT_CONFIG} when it exists)")
     parser.add_argument("--image", action="append", default=[], help="image path or http(s) URL; repeat")
     parser.add_argument("--text", action="append", default=[],
@@ -137,8 +143,7 @@ def draw_paths(path: Path | None, count: int) -> list[Path] | None:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     config = read_config(args.config)
-    predictor = Predictor(args.model, task=args.task, detector=args.detector, select=config.get("rois"),
-                          download=(config.get("cc") or {}).get("download"), device=args.device)
+    predictor = Predictor(args.model, task=args.task, detector=args.detector, config=config, device=args.device)
     queries = flag_queries(args)
     if args.queries:
         queries += file_queries(args.queries)

@@ -48,25 +48,39 @@ class Predictor:
     """A fine-tuned model (and the detector when its task reads detected RoIs), ready for queries.
 
     model_dir: a fine-tune directory; task: when given, the task (or dataset, e.g. "vcr") the
-    model must have been fine-tuned on; detector: the detector checkpoint; select: the `rois:`
-    section of the run's config (score_threshold, min_boxes, max_boxes, nms_iou); download: its
-    `cc.download` section, used for image URLs.
+    model must have been fine-tuned on; detector: the detector checkpoint; config: the run's
+    config, which registers its own tasks (`tasks.custom.<name>`) and gives `select` and
+    `download` unless they are passed; select: its `rois:` section (score_threshold, min_boxes,
+    max_boxes, nms_iou); download: the downloader settings for image URLs (its `cc.download`
+    section, or the task's own: `Task.query_download`), named `download_key` in errors.
     """
 
     def __init__(self, model_dir: str | os.PathLike, *, task: str | None = None,
                  detector: str | os.PathLike | None = None, select: Mapping[str, Any] | None = None,
-                 download: Mapping[str, Any] | None = None, device: str = "cpu"):
-        from vlbert_core.tasks.registry import get_task
+                 download: Mapping[str, Any] | None = None, download_key: str = "cc.download",
+                 config: Mapping[str, Any] | None = None, device: str = "cpu"):
+        from vlbert_core.tasks.registry import get_task, register_config_tasks, task_names
 
         self.model_dir = Path(model_dir)
         name = read_model_task(self.model_dir)
+        if config is not None:
+            register_config_tasks(config)
+        if name not in task_names():
+            raise PredictError(f"{self.model_dir} holds a {name} model, a task that is not registered (known: "
+                               f"{task_names()}); a task of your own (custom_<name>) is registered by the config "
+                               f"that declares tasks.custom.<name>: pass it (--config)")
         self.task = get_task(name)
         if task is not None and task not in (self.task.name, self.task.dataset):
             raise PredictError(f"{self.model_dir} holds a {self.task.name} model (its config.json), not a "
                                f"{task} model")
         self.detector_path = None if detector is None else Path(detector)
+        if config is not None:
+            select = config.get("rois") if select is None else select
+            if download is None:
+                download_key, download = self.task.query_download(config)
         self.select = select
         self.download = download
+        self.download_key = download_key
         self.device = device
         self._detector = None
         self._downloader = None
@@ -86,11 +100,11 @@ class Predictor:
 
     def _fetch(self, url: str, workdir: Path, index: int) -> Path:
         if self.download is None:
-            raise PredictError(f"image {url}: a URL needs the downloader settings (cc.download of the config)")
+            raise PredictError(f"image {url}: a URL needs the downloader settings ({self.download_key} of the config)")
         if self._downloader is None:
             from vlbert_core.data.cc import make_downloader
 
-            self._downloader = make_downloader(self.download)
+            self._downloader = make_downloader(self.download, self.download_key)
         result = self._downloader.fetch(url)
         if result.data is None:
             raise PredictError(f"image {url} cannot be fetched: {result.status}: {result.error}")

@@ -149,6 +149,11 @@ class Task:
         """Whether the query's image needs the detector's RoIs (`rois` of `query_data`)."""
         return self.roi_dataset is not None
 
+    def query_download(self, config: Mapping[str, Any]) -> tuple[str, Mapping[str, Any] | None]:
+        """(config key, settings) of the downloader that fetches a query's image URL: the run's
+        `cc.download`, unless the task's data names its own."""
+        return "cc.download", (config.get("cc") or {}).get("download")
+
     def queries_from_file(self, path: str | Path, *, key: str | None = None,
                           images_dir: str | Path | None = None) -> list[dict]:
         """Queries read from a file in the dataset's own annotation format (`key`: one of its ids)."""

@@ -37,7 +37,16 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 from vlbert_core.utils import get_logger
 
-from .base import Task, TaskHeads, TaskLoss, check_prediction_ids, model_side, split_path
+from .base import (
+    Task,
+    TaskHeads,
+    TaskLoss,
+    check_prediction_ids,
+    check_text_fits,
+    model_side,
+    query_text,
+    split_path,
+)
 
 log = get_logger(__name__)
 
@@ -92,6 +101,11 @@ class CustomSpec:
     @property
     def task_name(self) -> str:
         return f"custom_{self.name}"
+
+    @property
+    def download_key(self) -> str:
+        """The config key of `download` (its errors name it)."""
+        return f"tasks.custom.{self.name}.download"
 
     @property
     def results_dir(self) -> str:
@@ -207,6 +221,39 @@ class CustomClassificationTask(Task):
     def prediction_rows(self, model, data, indices, out, extras, meta, eval_task):
         best = out["logits"].argmax(dim=1).tolist()
         return [{"id": data.rows[i]["id"], "label": meta["labels"][k]} for i, k in zip(indices, best)]
+
+    # ---- a user's queries (python -m vlbert_core.predict) -----------------------------------------
+
+    def query_download(self, config):
+        return self.spec.download_key, self.spec.download
+
+    def query_data(self, queries, meta, *, tokens, images, max_rois, max_text_len, rois, rois_source, workdir):
+        CustomData = model_side("modeling.custom", "CustomData")
+
+        rows, keyed_rois = [], {}
+        for i, query in enumerate(queries):
+            text = query_text(query, i, "the sentence")
+            check_text_fits(len(tokens.ids(text)), max_text_len - CustomData.SPECIAL_TOKENS, max_text_len,
+                            f"query #{i}: the text")
+            # the samples key RoIs by image path, as the RoI parquet of rule extract_task_rois does
+            keyed_rois[image_key(query["image_path"])] = rois[query["image_key"]]
+            rows.append({"id": f"query{i}", "text": text, "label": None, "path": query["image_path"]})
+        return CustomData(rows, keyed_rois, rois_source, tokens, meta["labels"], max_rois=max_rois,
+                          max_text_len=max_text_len, images=images)
+
+    def query_results(self, model, data, indices, out, extras, meta, top_k):
+        import torch
+
+        # ranked by logit as `prediction_rows` chooses; trained with cross-entropy, the softmax is
+        # the model's probability of each label
+        probabilities = torch.softmax(out["logits"].float(), dim=1)
+        ranked = probabilities.argsort(dim=1, descending=True, stable=True)[:, : min(int(top_k), probabilities.shape[1])]
+        results = []
+        for row_probabilities, row_ranked in zip(probabilities, ranked):
+            labels = [{"label": meta["labels"][j], "probability": round(float(row_probabilities[j]), 6)}
+                      for j in row_ranked.tolist()]
+            results.append({"label": labels[0]["label"], "labels": labels})
+        return results
 
     def score(self, eval_task, split, rows, sources, where):
         gold = {r["id"]: r["label"] for r in self._rows(split, sources)}

@@ -81,9 +81,10 @@ def _decodable(path: Path) -> str:
 class _ImageResolver:
     """Local image paths of the rows: paths as they are, URLs fetched once into `download_dir`."""
 
-    def __init__(self, download_dir: Path, download: Mapping[str, Any]):
+    def __init__(self, download_dir: Path, download: Mapping[str, Any], download_key: str):
         self.download_dir = download_dir
         self.download = dict(download)
+        self.download_key = download_key  # the config key of `download`, named by its errors
         self._downloader = None
         self._fetched: dict[str, tuple[str | None, str, str]] = {}
 
@@ -105,7 +106,7 @@ class _ImageResolver:
 
     def _fetch(self, url: str) -> tuple[str | None, str, str]:
         if self._downloader is None:
-            self._downloader = make_downloader(self.download)
+            self._downloader = make_downloader(self.download, self.download_key)
         result = self._downloader.fetch(url)
         if result.data is None:
             kind = MISSING_IMAGE if result.status == download_status.NOT_FOUND else UNREADABLE_IMAGE
@@ -152,7 +153,7 @@ def check_rows(spec: CustomSpec, out_dir: str | os.PathLike | None = None) -> di
     Downloaded images go to `<out_dir>/images/`. Raises when a split has no usable row.
     """
     out_dir = Path(out_dir or spec.results_dir)
-    resolver = _ImageResolver(out_dir / "images", spec.download)
+    resolver = _ImageResolver(out_dir / "images", spec.download, spec.download_key)
     try:
         train = _check_split(spec, "train", resolver, spec.labels)
         labels = list(spec.labels) if spec.labels else list(dict.fromkeys(r["label"] for r in train if r["status"] == OK))

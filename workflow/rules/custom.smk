@@ -64,6 +64,8 @@ rule custom_table:
             for setting in custom_settings(wc.name)
         ],
         labels="results/custom/{name}/labels.json",
+        train_rows="results/custom/{name}/train.rows.jsonl",
+        val_rows="results/custom/{name}/val.rows.jsonl",
     output:
         csv="results/tables/custom_{name}.csv",
         md="results/tables/custom_{name}.md",

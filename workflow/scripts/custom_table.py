@@ -8,7 +8,8 @@ from vlbert_core.utils import setup_logging
 def main(smk) -> None:
     setup_logging(smk.log[0])
     spec = CustomSpec.from_config(smk.params.name, dict(smk.params.entry))
-    write_custom_table(spec, dict(zip(smk.params.settings, smk.input.evals)), smk.input.labels,
+    rows = {"train": smk.input.train_rows, "val": smk.input.val_rows}
+    write_custom_table(spec, dict(zip(smk.params.settings, smk.input.evals)), smk.input.labels, rows,
                        smk.output.csv, smk.output.md, dataset=smk.params.dataset, model_cfg=dict(smk.params.model))
 
 

@@ -40,8 +40,12 @@ class ClsClassifierHead(nn.Module):
 class CustomData:
     """`[CLS] text [SEP] [IMG]...` with the image's detected RoIs; the target is the label index.
 
-    `rows` are the `ok` rows of `tasks.custom.check_rows` (id, text, label, path).
+    `rows` are the `ok` rows of `tasks.custom.check_rows` (id, text, label, path); a user's query
+    (`CustomClassificationTask.query_data`) has label None and gets the target `UNLABELLED`.
     """
+
+    SPECIAL_TOKENS = 2  # [CLS] and [SEP] around the text
+    UNLABELLED = -100  # F.cross_entropy's ignore_index: a query without a label adds no loss
 
     def __init__(self, rows: Sequence[dict], rois: dict, rois_source: str, tokens: Tokens,
                  labels: Sequence[str], *, max_rois: int, max_text_len: int, images: ImageLoader):
@@ -61,11 +65,12 @@ class CustomData:
         record = self.rois[key]
         image, boxes = image_and_boxes(self.images, Path(row["path"]), record.boxes, self.max_rois,
                                         (record.image_w, record.image_h), f"RoI parquet {self.rois_source} key {key}")
-        ids, _ = truncate_pair(self.tokens.ids(row["text"]), None, self.max_text_len - 2)
-        if row["label"] not in self.label_index:
+        ids, _ = truncate_pair(self.tokens.ids(row["text"]), None, self.max_text_len - self.SPECIAL_TOKENS)
+        if row["label"] is not None and row["label"] not in self.label_index:
             raise ValueError(f"custom row {row['id']}: label {row['label']!r} is not one of {list(self.label_index)}")
+        target = self.UNLABELLED if row["label"] is None else self.label_index[row["label"]]
         return {"sequence": self.tokens.sequence(ids, None, len(boxes)), "image": image, "boxes": boxes,
-                "target": self.label_index[row["label"]], "id": row["id"], "image_key": key}
+                "target": target, "id": row["id"], "image_key": key}
 
     def collate(self, samples: list[dict]) -> tuple[VLBertBatch, dict]:
         extras = {"id": [s["id"] for s in samples], "image_keys": [s["image_key"] for s in samples],
