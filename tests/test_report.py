@@ -241,7 +241,7 @@ def test_loss_curves_read_every_loss_and_the_note(workdir, tmp_path):
 def test_bad_metrics_line_names_file_and_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "loss": \n')
-    with pytest.raises(ValueError, match=r"metrics.jsonl: line 2 is not JSON"):
+    with pytest.raises(ValueError, match=r"metrics.jsonl line 2: not valid JSON"):
         read_loss_curves(path, "x")
     path.write_text('{"step": 1, "lr": 1.0}\n')
     with pytest.raises(ValueError, match=r"line 1 \(step 1\) has no key 'loss'"):

@@ -108,3 +108,23 @@ def set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
         with contextlib.suppress(RuntimeError):
             torch.set_num_interop_threads(1)
+
+
+def read_jsonl(path: str | Path, line_field: str | None = None) -> list[dict]:
+    """Every row of a JSON-lines file (blank lines skipped); names the file and line of one that is not a
+    JSON object. With `line_field`, each row also gets its 1-based line number under that key."""
+    import json
+
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path} line {number}: not valid JSON ({err})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path} line {number}: expected a JSON object, got {type(row).__name__}")
+            rows.append(row if line_field is None else {**row, line_field: number})
+    return rows

@@ -125,7 +125,7 @@ def flag_queries(args: argparse.Namespace) -> list[dict]:
 
 
 def file_queries(path: Path) -> list[dict]:
-    from vlbert_core.report.inputs import read_jsonl
+    from vlbert_core.utils import read_jsonl
 
     if not path.is_file():
         raise PredictError(f"--queries {path} does not exist")

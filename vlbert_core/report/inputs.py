@@ -15,23 +15,7 @@ import numpy as np
 
 from vlbert_core.data.status import OK
 from vlbert_core.rois import read_rois
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Every row of a JSON-lines file; names the file and line of one that is not a JSON object."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}: line {number} is not JSON: {err}") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}: line {number} is not a JSON object")
-            rows.append(row)
-    return rows
+from vlbert_core.utils import read_jsonl
 
 
 @dataclass

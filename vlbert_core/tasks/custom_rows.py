@@ -20,7 +20,7 @@ from PIL import Image
 
 from vlbert_core.data import make_downloader
 from vlbert_core.data import status as download_status
-from vlbert_core.utils import atomic_path, get_logger
+from vlbert_core.utils import atomic_path, get_logger, read_jsonl
 
 from .custom import (BAD_ROW, FIELDS, MISSING_IMAGE, OK, UNKNOWN_LABEL, UNREADABLE_IMAGE, URL_SCHEMES, CustomSpec,
                      status_counts)
@@ -38,17 +38,7 @@ def read_data_file(path: str | os.PathLike) -> list[dict]:
     suffix = path.suffix.lower()
     rows: list[dict] = []
     if suffix == ".jsonl":
-        with path.open(encoding="utf-8") as f:
-            for number, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path} line {number}: not valid JSON ({err})") from None
-                if not isinstance(record, dict):
-                    raise ValueError(f"{path} line {number}: expected a JSON object, got {type(record).__name__}")
-                rows.append({**record, "line": number})
+        rows = read_jsonl(path, line_field="line")
     elif suffix == ".csv":
         with path.open(encoding="utf-8", newline="") as f:
             reader = csv.DictReader(f)
