@@ -260,6 +260,15 @@ def shape_word_accuracy(run: Run, module: VLBertForPretraining, held_out: list[d
 # -- report -----------------------------------------------------------------------------------------------------
 
 
+def probe_table(probes: dict) -> list[str]:
+    """The probes' Markdown table: held-out accuracy / majority-class rate per word."""
+    lines = ["| word | from box 0 (whole image) | from the mean of the object boxes |", "|---|---|---|"]
+    for word, row in probes["rows"].items():
+        lines.append(f"| {word} | {row['box0'][0]:.2f} / {row['box0'][1]:.2f} | "
+                     f"{row['objects'][0]:.2f} / {row['objects'][1]:.2f} |")
+    return lines
+
+
 def report(run: Run, probes: dict, kinds: dict, diagnostic: dict, args: argparse.Namespace, seconds: float) -> str:
     lines = [
         f"Measured {time.strftime('%Y-%m-%d')} with `uv run python benchmarks/visual_grounding.py --run {args.run} "
@@ -271,12 +280,8 @@ def report(run: Run, probes: dict, kinds: dict, diagnostic: dict, args: argparse
         f"{PROBE_TRAIN_FRACTION:.0%} to fit, the rest to test): does the caption name this word? Held-out accuracy "
         "of a logistic regression / majority-class rate.",
         "",
-        "| word | from box 0 (whole image) | from the mean of the object boxes |",
-        "|---|---|---|",
     ]
-    for word, row in probes["rows"].items():
-        lines.append(f"| {word} | {row['box0'][0]:.2f} / {row['box0'][1]:.2f} | "
-                     f"{row['objects'][0]:.2f} / {row['objects'][1]:.2f} |")
+    lines += probe_table(probes)
     lines += ["", "**2. Pre-trained settings, MLM accuracy by word kind** (each word masked alone; with image / "
               "blanked; words):", "", "| setting | " + " | ".join(sorted(next(iter(kinds.values())))) + " |",
               "|---|" + "---|" * len(next(iter(kinds.values())))]
@@ -308,12 +313,8 @@ def probes_report(run: Run, probes: dict, args: argparse.Namespace, seconds: flo
         "fit, the rest to test): does the caption name this word? Held-out accuracy of a logistic regression / "
         "majority-class rate.",
         "",
-        "| word | from box 0 (whole image) | from the mean of the object boxes |",
-        "|---|---|---|",
     ]
-    for word, row in probes["rows"].items():
-        lines.append(f"| {word} | {row['box0'][0]:.2f} / {row['box0'][1]:.2f} | "
-                     f"{row['objects'][0]:.2f} / {row['objects'][1]:.2f} |")
+    lines += probe_table(probes)
     colours = [probes["rows"][w] for w in COLOUR_NAMES]
     mean = {k: (sum(r[k][0] for r in colours) / len(colours), sum(r[k][1] for r in colours) / len(colours))
             for k in ("box0", "objects")}
