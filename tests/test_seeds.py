@@ -9,7 +9,7 @@ import pytest
 from test_workflow import CI_CONFIG, REPO, planned_rules, snakemake
 
 from vlbert_core.tables import table_specs
-from vlbert_core.tables.seeds import seed_results_dir, write_seed_table
+from vlbert_core.tables.seeds import TABLE4_CLAIMS, check_claims, seed_results_dir, write_seed_table
 
 SETTINGS = ["none", "a", "b", "c", "d", "full"]
 SEEDS = [0, 1, 2]
@@ -56,6 +56,9 @@ def test_each_cell_is_the_mean_and_sample_std_over_the_seeds(tmp_path):
     md = csv_path.with_suffix(".md").read_text(encoding="utf-8")
     none_runs = [values[(seed, "none", "vcr_q2a_val")] for seed in SEEDS]
     assert f"| 72.9 / {np.mean(none_runs):.1f} ± {np.std(none_runs, ddof=1):.1f} |" in md
+    # every later setting is higher here, so "(c) <= (b)" is the one claim that fails
+    assert "| sentence-image relationship prediction does not help: (c) <= (b) on average | **no** |" in md
+    assert md.count("| yes |") == len(TABLE4_CLAIMS) - 1
 
 
 def test_fewer_than_three_seeds_or_a_missing_run_is_an_error(tmp_path):
@@ -85,3 +88,37 @@ def test_the_seeds_target_plans_two_more_training_runs_per_setting_and_shares_th
     proc = snakemake(tmp_path, "-n", "--cores", "1", "results/tables/table4_seeds.csv",
                      "--configfile", str(CI_CONFIG), timeout=300)
     assert proc.returncode != 0 and "config/seeds.yaml" in proc.stdout + proc.stderr
+
+
+def claim_rows(**means: dict[str, float]) -> list[dict]:
+    return [{"setting": s, **{f"{c}_mean": v for c, v in cols.items()}} for s, cols in means.items()]
+
+
+def test_the_papers_claims_name_columns_of_table4():
+    names = {col.name for col in COLUMNS}
+    for claim in TABLE4_CLAIMS:
+        assert set(claim.columns) <= names, claim.text
+
+
+def test_each_claim_is_checked_on_the_means():
+    cols = ("vcr_q2a_val", "vcr_qa2r_val", "vqa_test_dev", "refcoco_det_val")
+    base = dict.fromkeys(cols, 30.0)
+    rows = claim_rows(
+        none=base,
+        a={**base, "refcoco_det_val": 33.0},
+        b={**base, "refcoco_det_val": 32.0, "vcr_q2a_val": 31.0},  # (b) < (a) on RefCOCO+: claim fails
+        c={**base, "vqa_test_dev": 29.0, "refcoco_det_val": 35.0},  # 29 < none on VQA; average above (b)
+        d={**base, "vcr_q2a_val": 31.0, "vcr_qa2r_val": 30.5},
+        full={**base, "vcr_q2a_val": 35.0},
+    )
+    checked = {c["claim"]: c for c in check_claims(rows)}
+    holds = {text: c["holds"] for text, c in checked.items()}
+    assert [holds[c.text] for c in TABLE4_CLAIMS] == [True, True, False, True, True, False, False, True]
+    average = checked[TABLE4_CLAIMS[6].text]["detail"]
+    assert average == "c − b: average difference +0.25"  # ((30-31) + 0 + (29-30) + (35-32)) / 4
+    assert "refcoco_det_val -1.00" in checked[TABLE4_CLAIMS[5].text]["detail"]
+
+
+def test_a_claim_on_a_setting_that_was_not_run_says_so():
+    checked = check_claims(claim_rows(none={"vcr_q2a_val": 1.0}), TABLE4_CLAIMS[:1])
+    assert checked[0]["holds"] is None and "not in the table" in checked[0]["detail"]

@@ -14,6 +14,7 @@ number, in the order of the `seeds` cell).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from vlbert_core.stats import mean_std
@@ -37,6 +38,66 @@ log = get_logger(__name__)
 
 SEED_TABLE = "table4_seeds"
 MIN_SEEDS = 3
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One of the paper's directional claims about Table 4 (Section 4.3), on the seeds' means:
+    `setting` >= (or <=) `than` on each column of `columns` (on their average when `on_average`)."""
+
+    text: str
+    setting: str
+    than: str
+    columns: tuple[str, ...]
+    at_least: bool = True  # True: setting >= than; False: setting <= than
+    on_average: bool = False
+
+
+ALL_COLUMNS = ("vcr_q2a_val", "vcr_qa2r_val", "vqa_test_dev", "refcoco_det_val")
+# The paper's reading of its Table 4 (Su et al. 2020, Section 4.3), as issue #19 lists it.
+TABLE4_CLAIMS = (
+    *(Claim(f"pre-training ({s}) >= w/o pre-training on every column", s, "none", ALL_COLUMNS)
+      for s in ("a", "b", "c", "d", "full")),
+    Claim("masked RoI classification helps RefCOCO+: (b) >= (a)", "b", "a", ("refcoco_det_val",)),
+    Claim("sentence-image relationship prediction does not help: (c) <= (b) on average", "c", "b", ALL_COLUMNS,
+          at_least=False, on_average=True),
+    Claim("the text-only corpus helps VCR: (d) >= (b) on both VCR columns", "d", "b", ("vcr_q2a_val", "vcr_qa2r_val")),
+)
+
+
+def check_claims(rows: list[dict], claims: tuple[Claim, ...] = TABLE4_CLAIMS) -> list[dict]:
+    """Each claim checked on the seed table's means: whether it holds, and the differences it rests on."""
+    means = {row["setting"]: row for row in rows}
+    checked = []
+    for claim in claims:
+        if claim.setting not in means or claim.than not in means:
+            checked.append({"claim": claim.text, "holds": None, "detail": f"setting {claim.setting!r} or "
+                            f"{claim.than!r} not in the table"})
+            continue
+        missing = [c for c in claim.columns if f"{c}_mean" not in means[claim.setting]]
+        if missing:
+            raise KeyError(f"Table 4 claim {claim.text!r}: no column(s) {missing} in the seeds table")
+        diffs = {c: float(means[claim.setting][f"{c}_mean"]) - float(means[claim.than][f"{c}_mean"])
+                 for c in claim.columns}
+        sign = 1.0 if claim.at_least else -1.0
+        if claim.on_average:
+            average = sum(diffs.values()) / len(diffs)
+            holds = sign * average >= 0
+            detail = f"average difference {average:+.2f}"
+        else:
+            holds = all(sign * d >= 0 for d in diffs.values())
+            detail = ", ".join(f"{c} {d:+.2f}" for c, d in diffs.items())
+        checked.append({"claim": claim.text, "holds": holds, "detail": f"{claim.setting} − {claim.than}: {detail}"})
+    return checked
+
+
+def claims_markdown(checked: list[dict]) -> list[str]:
+    lines = ["", "## The paper's claims, on the means", "", "| claim | holds | mean differences (points) |",
+             "|---|---|---|"]
+    for c in checked:
+        verdict = {True: "yes", False: "**no**", None: "not measured"}[c["holds"]]
+        lines.append(f"| {c['claim']} | {verdict} | {c['detail']} |")
+    return lines
 
 
 def seed_results_dir(results_dir: str | Path, seed: int, default_seed: int) -> Path:
@@ -106,6 +167,7 @@ def seed_table_markdown(rows: list[dict], dataset: str) -> str:
     lines += ["", f"Measured on the **{dataset}** data (schedule `{spec.schedule}`), training seeds {seeds}: "
               "mean ± sample standard deviation over the seeds; each seed's numbers are in the CSV. "
               "A seed covers pre-training and fine-tuning; the world, detector and RoIs are shared."]
+    lines += claims_markdown(check_claims(rows))
     return "\n".join(lines) + "\n"
 
 
