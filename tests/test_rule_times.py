@@ -27,6 +27,10 @@ def _run(tmp_path):
         "SNAKEMAKE\n  Date: 2026-11-25 10:00:00\n\n[Wed Nov 25 10:00:02 2026]\nlocalrule all:\n"
         "[Wed Nov 25 10:01:30 2026]\nFinished jobid: 3 (Rule: pretrain)\n[Wed Nov 25 10:02:40 2026]\n"
         "Finished jobid: 0 (Rule: all)\n12 of 12 steps (100%) done\n")
+    # a one-job target built later in the same directory is not the run
+    (log / "2026-11-25T110000.000000.snakemake.log").write_text(
+        "SNAKEMAKE\n  Date: 2026-11-25 11:00:00\n\n[Wed Nov 25 11:00:01 2026]\nFinished jobid: 0 (Rule: tables)\n"
+        "1 of 1 steps (100%) done\n")
     return tmp_path
 
 
@@ -35,7 +39,7 @@ def test_rule_times_sum_jobs_per_rule_slowest_first(tmp_path):
     assert [(t.rule, t.jobs, t.job_seconds, t.max_job_seconds) for t in times] == [
         ("pretrain", 2, 100.0, 60.0), ("train_detector", 1, 30.5, 30.5), ("finetune", 1, 20.0, 20.0)]
     assert times[0].cpu_seconds == pytest.approx(93.5)
-    assert run_wall_seconds(tmp_path) == 160.0          # the newest log: 10:00:00 to 10:02:40
+    assert run_wall_seconds(tmp_path) == 160.0          # the largest invocation: 10:00:00 to 10:02:40
     table = rule_table(times, 160.0)
     assert "| pretrain | 2 | 100 | 66% | 94 | 60 |" in table
     assert "| **all** | 4 | 150 | 100% |" in table and "job seconds / wall = 0.94" in table

@@ -16,6 +16,7 @@ from pathlib import Path
 
 BENCHMARK_DIR = Path("benchmarks") / "rules"
 _JOB_STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
+_PROGRESS = re.compile(r"^\d+ of (\d+) steps")
 _START = re.compile(r"^\s*Date: (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)$")
 
 
@@ -61,20 +62,34 @@ def rule_times(run_dir: str | Path) -> list[RuleTime]:
     return sorted(out, key=lambda r: (-r.job_seconds, r.rule))
 
 
-def run_wall_seconds(run_dir: str | Path) -> float | None:
-    """Wall seconds of the run's last Snakemake invocation (its newest log), or None without a log."""
-    logs = sorted((Path(run_dir) / ".snakemake" / "log").glob("*.snakemake.log"))
-    if not logs:
-        return None
+def _log_span(path: Path) -> tuple[int, float] | None:
+    """(jobs the invocation planned, its wall seconds) from one Snakemake log; None if it ran no job."""
     start = end = None
-    for line in logs[-1].read_text(errors="replace").splitlines():
+    planned = 0
+    for line in path.read_text(errors="replace").splitlines():
         if start is None and (m := _START.match(line)):
             start = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")
         elif m := _JOB_STAMP.match(line.strip()):
             end = datetime.strptime(m.group(1), "%a %b %d %H:%M:%S %Y")
+        elif m := _PROGRESS.match(line.strip()):
+            planned = max(planned, int(m.group(1)))
     if start is None or end is None:
+        return None
+    return planned, (end - start).total_seconds()
+
+
+def run_wall_seconds(run_dir: str | Path) -> float | None:
+    """Wall seconds of the run: of the Snakemake invocation in `run_dir` that planned the most jobs
+    (the newest among equals), so a small target built afterwards in the same directory does not
+    stand in for the run. None without a log."""
+    logs = sorted((Path(run_dir) / ".snakemake" / "log").glob("*.snakemake.log"))
+    if not logs:
+        return None
+    spans = [(span, i) for i, path in enumerate(logs) if (span := _log_span(path)) is not None]
+    if not spans:
         raise ValueError(f"{logs[-1]}: no 'Date:' line or no job timestamp; not a Snakemake run log")
-    return (end - start).total_seconds()
+    (_, seconds), _ = max(spans, key=lambda item: (item[0][0], item[1]))
+    return seconds
 
 
 def rule_table(times: list[RuleTime], wall_s: float | None) -> str:
