@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
+import json
 import re
 import sys
 import time
@@ -34,15 +35,19 @@ from pathlib import Path
 
 from docs_section import replace_section  # benchmarks/ is on sys.path when a benchmark runs as a script
 
+import numpy as np
 import torch
 import yaml
+from torchvision.ops import roi_align
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from vlbert_core.detector import load_detector  # noqa: E402
+from vlbert_core.detector.resnet_c4 import FEATURE_STRIDE, ROI_ALIGNED  # noqa: E402
 from vlbert_core.model import VLBertModel, build_input_sequence, collate_samples  # noqa: E402
 from vlbert_core.model.bert_init import load_tokenizer  # noqa: E402
+from vlbert_core.model.config import visual_pixel_format  # noqa: E402
 from vlbert_core.optim import OptimizerSettings, build_optimizer  # noqa: E402
 from vlbert_core.pretrain.data import StreamConfig, pair_shards_with_rois, read_held_out_captions  # noqa: E402
 from vlbert_core.pretrain.loop import (  # noqa: E402
@@ -51,6 +56,7 @@ from vlbert_core.pretrain.loop import (  # noqa: E402
 from vlbert_core.pretrain.masking import word_groups  # noqa: E402
 from vlbert_core.pretrain.objectives import VLBertForPretraining  # noqa: E402
 from vlbert_core.pretrain.settings import get_setting  # noqa: E402
+from vlbert_core.tasks.samples import ImageLoader, image_and_boxes  # noqa: E402
 from vlbert_core.utils import set_threads  # noqa: E402
 from vlbert_core.world.vocabulary import CATEGORIES, COLOUR_NAMES, SIZE_NAMES  # noqa: E402
 
@@ -62,6 +68,7 @@ SIZES = frozenset(SIZE_NAMES)
 COUNTS = frozenset({"two", "three", "four", "five", "six"})
 PROBE_SAMPLES_PER_SHARD = 300
 PROBE_TRAIN_FRACTION = 0.7
+BOX_PROBE_IMAGES = 400  # detector images whose annotated objects the per-box probe reads
 
 
 def word_kind(word: str) -> str:
@@ -158,6 +165,90 @@ def run_probes(run: Run) -> dict:
         labels = torch.tensor([1.0 if re.search(rf"\b({word}|{plural})\b", s["caption"]) else 0.0 for s in samples])
         rows[word] = {"box0": probe_accuracy(whole, labels), "objects": probe_accuracy(objects, labels)}
     return {"samples": len(samples), "rows": rows}
+
+
+def box_probe_accuracy(features: torch.Tensor, labels: torch.Tensor, steps: int = 300) -> tuple[float, float]:
+    """Held-out accuracy of a softmax regression over the classes in `labels`, and the majority rate."""
+    torch.manual_seed(0)
+    cut = int(len(labels) * PROBE_TRAIN_FRACTION)
+    mean, std = features[:cut].mean(0), features[:cut].std(0) + 1e-6
+    z = (features - mean) / std
+    linear = torch.nn.Linear(z.shape[1], int(labels.max()) + 1)
+    optimizer = torch.optim.Adam(linear.parameters(), lr=1e-2, weight_decay=1e-3)
+    with torch.enable_grad():  # the features come from a no_grad pass
+        for _ in range(steps):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(linear(z[:cut]), labels[:cut]).backward()
+            optimizer.step()
+    with torch.no_grad():
+        predicted = linear(z[cut:]).argmax(-1)
+    held = labels[cut:]
+    return float((predicted == held).float().mean()), float(torch.bincount(held).max() / len(held))
+
+
+@torch.no_grad()
+def box_features_by_layer(model: VLBertModel, image: torch.Tensor, boxes: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each box's features at three depths of the frozen visual network: the mean of its pixels (the
+    input), RoIAlign on the stride-16 feature map averaged over the box (the backbone's output), and
+    the box head's feature (what VL-BERT reads)."""
+    network = model.visual_network
+    rois = torch.cat([torch.zeros(len(boxes), 1), boxes], dim=1)
+    feature_map = network.body(image[None])
+    pooled = roi_align(feature_map, rois, output_size=network.roi_align_size, spatial_scale=1.0 / FEATURE_STRIDE,
+                       sampling_ratio=network.roi_sampling_ratio, aligned=ROI_ALIGNED)
+    return {"pixels": roi_align(image[None], rois, output_size=4, spatial_scale=1.0, aligned=ROI_ALIGNED).mean((2, 3)),
+            "backbone": pooled.mean((2, 3)), "box head": network.head(pooled)}
+
+
+def run_box_probes(run: Run, max_images: int = BOX_PROBE_IMAGES) -> dict:
+    """Per annotated object of the detector's val (then train) images: its colour, size and class
+    from its ground-truth box's features at each depth of the frozen visual network."""
+    model = run.fresh_model().eval()
+    images = ImageLoader(int(run.config["model"]["image_max_side"]), pixel_format=visual_pixel_format(run.vlbert_config))
+    sources = run.config["sources"]["detector"]
+    colour_of = {c: i for i, c in enumerate(COLOUR_NAMES)}
+    size_of = {s: i for i, s in enumerate(SIZE_NAMES)}
+    features: dict[str, list[torch.Tensor]] = collections.defaultdict(list)
+    labels: dict[str, list[int]] = collections.defaultdict(list)
+    used = 0
+    for split in ("val", "train"):
+        coco = json.loads((run.root / sources["annotations"].format(split=split)).read_text())
+        by_image = collections.defaultdict(list)
+        for ann in coco["annotations"]:
+            by_image[ann["image_id"]].append(ann)
+        for img in coco["images"]:
+            anns = [a for a in by_image[img["id"]] if any(x in colour_of for x in a.get("attributes", []))]
+            if not anns or used >= max_images:
+                continue
+            used += 1
+            xywh = np.array([a["bbox"] for a in anns], dtype=np.float32)
+            image, boxes = image_and_boxes(images, run.root / sources["images"] / img["file_name"],
+                                           np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1),
+                                           len(anns) + 1, None, "probe")
+            for depth, value in box_features_by_layer(model, image, boxes[1:len(anns) + 1]).items():
+                features[depth].append(value)
+            for a in anns:
+                labels["colour"].append(next(colour_of[x] for x in a["attributes"] if x in colour_of))
+                labels["size"].append(next((size_of[x] for x in a["attributes"] if x in size_of), len(SIZE_NAMES)))
+                labels["class"].append(int(a["category_id"]))
+    classes = sorted(set(labels["class"]))
+    labels["class"] = [classes.index(c) for c in labels["class"]]
+    rows = {name: {depth: box_probe_accuracy(torch.cat(feats), torch.tensor(values)) for depth, feats in features.items()}
+            for name, values in labels.items()}
+    return {"images": used, "boxes": len(labels["colour"]), "rows": rows}
+
+
+def box_probe_table(box_probes: dict) -> list[str]:
+    depths = list(next(iter(box_probes["rows"].values())))
+    lines = [f"Per object ({box_probes['boxes']} annotated objects of {box_probes['images']} detector images, "
+             f"{PROBE_TRAIN_FRACTION:.0%} to fit, the rest to test): the object's attribute or class from its "
+             "ground-truth box, at three depths of the frozen visual network: the mean of the box's pixels, the "
+             "backbone's stride-16 map averaged over the box, and the box head's feature (what VL-BERT reads). "
+             "Held-out accuracy of a softmax regression / majority-class rate.", "",
+             "| label | " + " | ".join(depths) + " |", "|---|" + "---|" * len(depths)]
+    for name, row in box_probes["rows"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{acc:.2f} / {major:.2f}" for acc, major in row.values()) + " |")
+    return lines
 
 
 # -- 2. per-word-kind accuracy of the pre-trained settings --------------------------------------------------------
@@ -299,7 +390,7 @@ def report(run: Run, probes: dict, kinds: dict, diagnostic: dict, args: argparse
     return "\n".join(lines) + "\n"
 
 
-def probes_report(run: Run, probes: dict, args: argparse.Namespace, seconds: float) -> str:
+def probes_report(run: Run, probes: dict, box_probes: dict, args: argparse.Namespace, seconds: float) -> str:
     metrics_path = run.root / "results" / "detector" / "metrics.json"
     metrics = yaml.safe_load(metrics_path.read_text()) if metrics_path.is_file() else {}
     weight = run.config["detector"].get("attribute_loss_weight", 0)
@@ -319,7 +410,8 @@ def probes_report(run: Run, probes: dict, args: argparse.Namespace, seconds: flo
     mean = {k: (sum(r[k][0] for r in colours) / len(colours), sum(r[k][1] for r in colours) / len(colours))
             for k in ("box0", "objects")}
     lines += ["", f"Colour words, mean: box 0 {mean['box0'][0]:.2f} / {mean['box0'][1]:.2f}, object boxes "
-              f"{mean['objects'][0]:.2f} / {mean['objects'][1]:.2f}."]
+              f"{mean['objects'][0]:.2f} / {mean['objects'][1]:.2f}.", ""]
+    lines += box_probe_table(box_probes)
     return "\n".join(lines) + "\n"
 
 
@@ -338,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     run = Run(args.run.resolve())
     if args.probes_only:
-        body = probes_report(run, run_probes(run), args, time.time() - started)
+        body = probes_report(run, run_probes(run), run_box_probes(run), args, time.time() - started)
         print(body)
         if args.write_docs:
             replace_section(PROBES_SECTION, body)
