@@ -67,3 +67,18 @@ def test_build_optimizer_and_scheduler():
     assert lrs == pytest.approx([1.0, 2.0, 2.0, 1.0])  # factors 1/2, 1, (4 - 2) / 2, (4 - 3) / 2
     with pytest.raises(ValueError, match="adamw' or 'sgd"):
         OptimizerSettings("adam", lr=1.0, weight_decay=0.0)
+
+
+def test_a_submodule_can_train_at_a_scaled_lr_under_the_same_schedule():
+    module = _Tiny()
+    settings = OptimizerSettings("adamw", lr=2.0, weight_decay=0.1)
+    adamw = build_optimizer(module, settings, lr_scales=[(module.linear, 0.1)])
+    by_param = {id(p): (g["lr"], g["weight_decay"]) for g in adamw.param_groups for p in g["params"]}
+    assert by_param[id(module.linear.weight)] == (pytest.approx(0.2), 0.1)   # scaled, still decayed
+    assert by_param[id(module.linear.bias)] == (pytest.approx(0.2), 0.0)
+    assert by_param[id(module.embedding.weight)] == (2.0, 0.1)
+    assert len(by_param) == 5 and len(adamw.param_groups) == 4
+    scheduler = build_scheduler(adamw, lambda s: 0.5)
+    assert sorted(scheduler.get_last_lr()) == pytest.approx([0.1, 0.1, 1.0, 1.0])
+    # scale 1 leaves the groups as they were
+    assert len(build_optimizer(module, settings, lr_scales=[(module.linear, 1.0)]).param_groups) == 2

@@ -558,3 +558,19 @@ def test_command_line_entry_point(world, tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.yaml"):
         main(["--setting", "a", "--config", str(tmp_path / "missing.yaml"), "--cc-shards", "x", "--roi-parquets", "y",
               "--detector", "z", "--out", str(out)])
+
+
+def test_visual_lr_scale_trains_the_tuned_visual_network_at_its_own_rate(world, tmp_path):
+    """pretrain.visual_lr_scale: 0 leaves setting full's tuned stages at the detector's weights while the
+    encoder trains; absent, they move (test_resume_matches_straight_run)."""
+    from safetensors.torch import load_file
+
+    _run(world, "full", tmp_path, cfg={"visual_lr_scale": 0.0})
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    detector_state = torch.load(world["detector"], weights_only=False)["state_dict"]
+    torch.testing.assert_close(weights["visual_network.body.layer2.0.conv1.weight"],
+                               detector_state["backbone.layer2.0.conv1.weight"], rtol=0, atol=0)
+    _run(world, "none", tmp_path / "none")  # the BERT-initialised model, untrained
+    start = load_file(str(tmp_path / "none" / "model.safetensors"))
+    encoder = [k for k in weights if k.startswith("encoder.") and k.endswith("weight") and weights[k].ndim == 2]
+    assert encoder and not torch.equal(weights[encoder[0]], start[encoder[0]])

@@ -43,14 +43,33 @@ def parameter_groups(module: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(module: nn.Module, settings: OptimizerSettings) -> torch.optim.Optimizer:
-    """The optimiser over `module`'s trainable parameters."""
+def scale_group_lr(groups: list[dict], submodule: nn.Module, lr: float) -> list[dict]:
+    """Split each group: the parameters of `submodule` move to a copy of it with `lr` (schedules then
+    multiply that peak as they do the others). Empty groups are dropped."""
+    inside = {id(p) for p in submodule.parameters()}
+    out = []
+    for group in groups:
+        rest = {k: v for k, v in group.items() if k != "params"}
+        own = [p for p in group["params"] if id(p) not in inside]
+        scaled = [p for p in group["params"] if id(p) in inside]
+        out += [{**rest, "params": own}] if own else []
+        out += [{**rest, "params": scaled, "lr": lr}] if scaled else []
+    return out
+
+
+def build_optimizer(module: nn.Module, settings: OptimizerSettings,
+                    lr_scales: Sequence[tuple[nn.Module, float]] = ()) -> torch.optim.Optimizer:
+    """The optimiser over `module`'s trainable parameters; each (submodule, scale) of `lr_scales`
+    trains at `scale` x settings.lr."""
     if settings.decay_all:
         groups = [{"params": [p for p in module.parameters() if p.requires_grad]}]
         weight_decay = settings.weight_decay
     else:
         groups = parameter_groups(module, settings.weight_decay)
         weight_decay = 0.0  # every group sets its own
+    for submodule, scale in lr_scales:
+        if scale != 1.0:
+            groups = scale_group_lr(groups, submodule, settings.lr * float(scale))
     if settings.name == "adamw":
         return torch.optim.AdamW(groups, lr=settings.lr, betas=settings.betas, eps=settings.eps,
                                  weight_decay=weight_decay, fused=settings.fused)

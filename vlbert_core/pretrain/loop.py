@@ -258,7 +258,8 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
     # The fused kernel (CPU and CUDA) makes the update of the 30k x hidden word-embedding matrix cheap.
     optimizer = build_optimizer(module, OptimizerSettings(
         "adamw", lr=peak_lr, weight_decay=float(pretrain_cfg["weight_decay"]), betas=ADAM_BETAS, eps=ADAM_EPS,
-        fused=dev.type in ("cpu", "cuda")))
+        fused=dev.type in ("cpu", "cuda")),
+        lr_scales=[(module.model.visual_network, float(pretrain_cfg.get("visual_lr_scale", 1.0)))])
     scheduler = build_scheduler(optimizer, lambda s: warmup_linear_decay(s, steps, warmup))
     trainable = [p for p in module.parameters() if p.requires_grad]
 
