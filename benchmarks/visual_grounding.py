@@ -137,12 +137,18 @@ def probe_features(run: Run, samples: list[dict]) -> tuple[torch.Tensor, torch.T
     return torch.cat(whole), torch.cat(objects)
 
 
+def standardised_split(features: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
+    """The probes' inputs z-scored with the fitting part's statistics, and where that part ends (seeds the
+    probe's initialisation)."""
+    torch.manual_seed(0)
+    cut = int(n * PROBE_TRAIN_FRACTION)
+    mean, std = features[:cut].mean(0), features[:cut].std(0) + 1e-6
+    return (features - mean) / std, cut
+
+
 def probe_accuracy(features: torch.Tensor, labels: torch.Tensor, steps: int = 300) -> tuple[float, float]:
     """Held-out accuracy of a logistic regression, and the majority-class rate on the same held-out part."""
-    torch.manual_seed(0)
-    cut = int(len(labels) * PROBE_TRAIN_FRACTION)
-    mean, std = features[:cut].mean(0), features[:cut].std(0) + 1e-6
-    z = (features - mean) / std
+    z, cut = standardised_split(features, len(labels))
     linear = torch.nn.Linear(z.shape[1], 1)
     optimizer = torch.optim.Adam(linear.parameters(), lr=1e-2, weight_decay=1e-3)
     for _ in range(steps):
@@ -169,10 +175,7 @@ def run_probes(run: Run) -> dict:
 
 def box_probe_accuracy(features: torch.Tensor, labels: torch.Tensor, steps: int = 300) -> tuple[float, float]:
     """Held-out accuracy of a softmax regression over the classes in `labels`, and the majority rate."""
-    torch.manual_seed(0)
-    cut = int(len(labels) * PROBE_TRAIN_FRACTION)
-    mean, std = features[:cut].mean(0), features[:cut].std(0) + 1e-6
-    z = (features - mean) / std
+    z, cut = standardised_split(features, len(labels))
     linear = torch.nn.Linear(z.shape[1], int(labels.max()) + 1)
     optimizer = torch.optim.Adam(linear.parameters(), lr=1e-2, weight_decay=1e-3)
     with torch.enable_grad():  # the features come from a no_grad pass
