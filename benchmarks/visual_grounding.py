@@ -396,7 +396,8 @@ def report(run: Run, probes: dict, kinds: dict, diagnostic: dict, args: argparse
 def probes_report(run: Run, probes: dict, box_probes: dict, args: argparse.Namespace, seconds: float) -> str:
     metrics_path = run.root / "results" / "detector" / "metrics.json"
     metrics = yaml.safe_load(metrics_path.read_text()) if metrics_path.is_file() else {}
-    weight = run.config["detector"].get("attribute_loss_weight", 0)
+    # The checkpoint's own config: the detector measured may come from an override of the checkout's config.
+    weight = run.detector_meta["config"].get("attribute_loss_weight", 0)
     lines = [
         f"Measured {time.strftime('%Y-%m-%d')} with `uv run python benchmarks/visual_grounding.py --run {args.run} "
         f"--probes-only{' --write-docs' if args.write_docs else ''}` ({seconds / 60:.1f} min), on a run's detector "
