@@ -176,15 +176,13 @@ def time_finetuning(run_dir: Path, cfg: dict, setting: str, task: str, steps: in
     rois = ([str(run_dir / "results" / "rois" / task_def.roi_dataset / "train.parquet")]
             if task_def.roi_dataset else [])
     timeline = StepTimeline()
-    batches_forever = finetune_module._batches_forever
+    batches_next = finetune_module.EpochBatches.__next__
 
-    def timed_batches(*args, **kwargs):
-        source = batches_forever(*args, **kwargs)
-        while True:
-            timeline.new_step()
-            yield next(source)
+    def timed_next(self):
+        timeline.new_step()
+        return batches_next(self)
 
-    finetune_module._batches_forever = timed_batches
+    finetune_module.EpochBatches.__next__ = timed_next
     cwd = Path.cwd()
     try:
         os.chdir(run_dir)  # the config's source paths are relative to the run directory
@@ -196,7 +194,7 @@ def time_finetuning(run_dir: Path, cfg: dict, setting: str, task: str, steps: in
                 device=str(cfg["device"]))
     finally:
         os.chdir(cwd)
-        finetune_module._batches_forever = batches_forever
+        finetune_module.EpochBatches.__next__ = batches_next
     return timeline.summary()
 
 

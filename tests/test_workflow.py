@@ -68,6 +68,16 @@ def test_every_training_job_wrote_tensorboard_event_files(ci_run):
         assert_events_match_metrics(metrics.parent)
 
 
+def test_the_default_run_benchmark_times_the_step_parts_of_a_finished_run(ci_run):
+    """benchmarks/default_run.py hooks into the real training loops: a renamed batch source there must fail here."""
+    cmd = [sys.executable, str(REPO / "benchmarks" / "default_run.py"), str(ci_run), "--configfile", str(CI_CONFIG),
+           "--steps", "2", "--threads", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Pre-training, setting d:" in proc.stdout and "Fine-tuning vqa from setting d:" in proc.stdout
+    assert proc.stdout.count("| **step** |") == 2
+
+
 def test_dry_run_of_the_default_config_plans_every_stage(tmp_path):
     proc = snakemake(tmp_path, "-n", "--cores", "1", TARGET, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
