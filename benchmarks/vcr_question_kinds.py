@@ -63,8 +63,11 @@ def load_labels(jsonl: Path, task: str) -> dict[str, tuple[str, int]]:
     labels = {}
     for line_no, line in enumerate(jsonl.read_text().splitlines(), start=1):
         if line.strip():
-            row = json.loads(line)
-            labels[row["annot_id"]] = (question_kind(row["question"]), int(row[key]))
+            try:
+                row = json.loads(line)
+                labels[row["annot_id"]] = (question_kind(row["question"]), int(row[key]))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"{jsonl} line {line_no}: {exc!r}") from exc
     return labels
 
 
@@ -76,7 +79,7 @@ def val_predictions(path: Path, task: str) -> list[dict]:
     return bundle["predictions"][key]
 
 
-def loss_thirds(metrics: Path) -> list[float]:
+def loss_by_phase(metrics: Path) -> list[float]:
     """Mean answer loss over the first, middle and last sixth of the steps."""
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     n = len(rows)
@@ -88,6 +91,8 @@ def loss_thirds(metrics: Path) -> list[float]:
 def job_row(job_dir: Path, labels: dict, task: str) -> dict:
     right, total, correct = Counter(), Counter(), {}
     for p in val_predictions(job_dir / "predictions.json", task):
+        if p["annot_id"] not in labels:
+            raise ValueError(f"{job_dir}/predictions.json: annot_id {p['annot_id']!r} is not a val question")
         kind, label = labels[p["annot_id"]]
         total[kind] += 1
         correct[p["annot_id"]] = int(p["prediction"]) == label
@@ -96,7 +101,7 @@ def job_row(job_dir: Path, labels: dict, task: str) -> dict:
         raise ValueError(f"{job_dir}/predictions.json covers {len(correct)} of the {len(labels)} val questions")
     steps = sum(1 for line in (job_dir / "metrics.jsonl").read_text().splitlines() if line.strip())
     return {"job": job_dir, "steps": steps, "right": right, "total": total, "correct": correct,
-            "loss": loss_thirds(job_dir / "metrics.jsonl")}
+            "loss": loss_by_phase(job_dir / "metrics.jsonl")}
 
 
 def p_vs_none(row: dict, rows: list[dict]) -> str:
