@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from docs_section import replace_section  # noqa: E402
 
 from vlbert_core.stats import format_p_value, mcnemar_exact  # noqa: E402
+from vlbert_core.utils import read_jsonl  # noqa: E402
 
 KINDS = ("kind", "colour", "next_to", "bigger")
 HEADING = "## VCR accuracy per question kind"
@@ -61,13 +62,11 @@ def load_labels(jsonl: Path, task: str) -> dict[str, tuple[str, int]]:
     """{annot_id: (kind, label)} of a VCR jsonl split."""
     key = "answer_label" if task == "vcr_q2a" else "rationale_label"
     labels = {}
-    for line_no, line in enumerate(jsonl.read_text().splitlines(), start=1):
-        if line.strip():
-            try:
-                row = json.loads(line)
-                labels[row["annot_id"]] = (question_kind(row["question"]), int(row[key]))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"{jsonl} line {line_no}: {exc!r}") from exc
+    for row in read_jsonl(jsonl, line_field="line"):
+        try:
+            labels[row["annot_id"]] = (question_kind(row["question"]), int(row[key]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{jsonl} line {row['line']}: {exc!r}") from exc
     return labels
 
 
@@ -79,12 +78,11 @@ def val_predictions(path: Path, task: str) -> list[dict]:
     return bundle["predictions"][key]
 
 
-def loss_by_phase(metrics: Path) -> list[float]:
-    """Mean answer loss over the first, middle and last sixth of the steps."""
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    n = len(rows)
+def loss_by_phase(records: list[dict]) -> list[float]:
+    """Mean answer loss over the first, middle and last sixth of a job's metrics records."""
+    n = len(records)
     k = max(1, n // 6)
-    spans = [rows[:k], rows[n // 2 - k // 2: n // 2 - k // 2 + k], rows[-k:]]
+    spans = [records[:k], records[n // 2 - k // 2: n // 2 - k // 2 + k], records[-k:]]
     return [sum(r["answer_loss"] for r in span) / len(span) for span in spans]
 
 
@@ -99,9 +97,9 @@ def job_row(job_dir: Path, labels: dict, task: str) -> dict:
         right[kind] += correct[p["annot_id"]]
     if set(correct) != set(labels):
         raise ValueError(f"{job_dir}/predictions.json covers {len(correct)} of the {len(labels)} val questions")
-    steps = sum(1 for line in (job_dir / "metrics.jsonl").read_text().splitlines() if line.strip())
-    return {"job": job_dir, "steps": steps, "right": right, "total": total, "correct": correct,
-            "loss": loss_by_phase(job_dir / "metrics.jsonl")}
+    records = read_jsonl(job_dir / "metrics.jsonl")
+    return {"job": job_dir, "steps": len(records), "right": right, "total": total, "correct": correct,
+            "loss": loss_by_phase(records)}
 
 
 def p_vs_none(row: dict, rows: list[dict]) -> str:
