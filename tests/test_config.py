@@ -40,6 +40,7 @@ def merged(override: dict) -> dict:
     [
         ({"pretrain": {"steps": -1}}, "steps"),
         ({"finetune": {"vqa": {"optimizer": "adam"}}}, "optimizer"),
+        ({"finetune": {"sentence_readout": "mean"}}, "sentence_readout"),
         ({"rois": {"min_boxes": 0}}, "min_boxes"),
         ({"pretrain": {"settings": ["a", "zz"]}}, "settings"),
         ({"cc": {"resize": {"mode": "stretch"}}}, "mode"),
@@ -140,6 +141,7 @@ def test_paper_config_is_valid_and_has_the_paper_settings(name):
     assert config["pretrain"]["steps"] == -(-10 * rows // per_step)
     assert config["finetune"]["schedules"] == {"full": 1.0, "half": 0.5}
     assert config["finetune"]["vqa"]["num_answers"] == 3129
+    assert config["finetune"]["sentence_readout"] == "cls"  # released: the pooled [CLS] output
     assert config["finetune"]["vcr_q2a"]["optimizer"] == config["finetune"]["vcr_qa2r"]["optimizer"] == "sgd"
     # the released learning rates: LR per sample x the released batch
     assert config["finetune"]["vqa"]["lr"] == pytest.approx(6.25e-7 * 256)

@@ -408,7 +408,7 @@ HPARAMS = {"epochs": 1, "batch_size": 2, "lr": 1e-3, "optimizer": "adamw", "warm
            "max_text_len": 24, "num_answers": 8, "aux_roi_loss_weight": 0.5}
 
 
-def _finetune(world, task, out, tune_frcnn=False, stop_after_step=None, **overrides):
+def _finetune(world, task, out, tune_frcnn=False, stop_after_step=None, sentence_readout="cls", **overrides):
     from vlbert_core.tasks.finetune import finetune
 
     root, sources = world
@@ -417,7 +417,8 @@ def _finetune(world, task, out, tune_frcnn=False, stop_after_step=None, **overri
         [str(root / "rois/refcoco/train.parquet")] if task == "refcoco" else []
     return finetune(task, root / "pretrained", out, setting="full", schedule="half", schedule_factor=1.0,
                     hparams={**HPARAMS, **overrides}, tune_frcnn=tune_frcnn, model_cfg=MODEL_CFG,
-                    sources=sources[dataset], rois_paths=rois, seed=0, stop_after_step=stop_after_step)
+                    sources=sources[dataset], rois_paths=rois, seed=0, sentence_readout=sentence_readout,
+                    stop_after_step=stop_after_step)
 
 
 def _evaluate(model_dir: Path, targets: list[tuple[str, str]], out: Path, sources: dict, rois=()) -> None:
@@ -565,6 +566,54 @@ def test_tiny_finetune_and_evaluate_every_task(world, tmp_path):
 
     with pytest.raises(ValueError, match="needs a vqa model"):
         predict_splits(tmp_path / "ft/refcoco", [("vqa", "val")], sources=sources["vqa"], model_cfg=MODEL_CFG)
+
+
+def test_the_sentence_readout_is_the_cls_output_or_the_mean_of_the_text_elements():
+    from types import SimpleNamespace
+
+    import torch
+
+    from vlbert_core.model.inputs import END, IMG, TEXT
+    from vlbert_core.tasks.modeling.common import sentence_output
+
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 6, 4)
+    batch = SimpleNamespace(
+        element_kind=torch.tensor([[TEXT, TEXT, TEXT, IMG, IMG, END], [TEXT, TEXT, TEXT, TEXT, IMG, TEXT]]),
+        attention_mask=torch.tensor([[True] * 6, [True] * 5 + [False]]))   # row 1 ends with padding
+    assert torch.equal(sentence_output(hidden, batch, "cls"), hidden[:, 0])
+    expected = torch.stack([hidden[0, :3].mean(0), hidden[1, :4].mean(0)])
+    torch.testing.assert_close(sentence_output(hidden, batch, "text_mean"), expected)
+    with pytest.raises(ValueError, match="sentence readout must be one of.*'pooled'"):
+        sentence_output(hidden, batch, "pooled")
+
+
+def test_a_vcr_model_fine_tuned_on_the_mean_text_output_keeps_reading_it(world, tmp_path):
+    import shutil
+
+    from vlbert_core.tasks.evaluate import predict_splits
+    from vlbert_core.tasks.finetune import load_finetuned
+
+    root, sources = world
+    meta = _finetune(world, "vcr_q2a", tmp_path / "ft", sentence_readout="text_mean")
+    assert meta["sentence_readout"] == "text_mean"
+    model, saved_meta = load_finetuned(tmp_path / "ft")
+    assert model.vlbert.config.sentence_readout == "text_mean" and model.head.readout == "text_mean"
+    assert saved_meta["sentence_readout"] == "text_mean"
+    # prediction reads what training read: the same weights told to read [CLS] score otherwise
+    shutil.copytree(tmp_path / "ft", tmp_path / "as_cls")
+    payload = json.loads((tmp_path / "as_cls/config.json").read_text())
+    payload["vlbert"]["sentence_readout"] = "cls"
+    (tmp_path / "as_cls/config.json").write_text(json.dumps(payload))
+    probabilities = {}
+    for name in ("ft", "as_cls"):
+        bundle = predict_splits(tmp_path / name, [("vcr_q2a", "val")], sources=sources["vcr"], model_cfg=MODEL_CFG)
+        probabilities[name] = [row["probabilities"] for row in bundle["vcr_q2a/val"]]
+    assert len(probabilities["ft"]) == 2 and probabilities["ft"] != probabilities["as_cls"]
+    payload["vlbert"]["sentence_readout"] = "mean"
+    (tmp_path / "as_cls/config.json").write_text(json.dumps(payload))
+    with pytest.raises(ValueError, match="sentence_readout must be one of.*'mean'"):
+        load_finetuned(tmp_path / "as_cls")
 
 
 # ---------------------------------------------------------------- the Snakemake entry points

@@ -12,6 +12,7 @@ from vlbert_core.detector.resnet_c4 import ROI_OUTPUT_SIZE, ROI_SAMPLING_RATIO
 NUM_SEGMENTS = 3
 GEOMETRY_ENCODINGS = ("corners", "centre_size")
 TASK_HEAD_LAYOUTS = ("project", "released")
+SENTENCE_READOUTS = ("cls", "text_mean")
 # model-config keys of the released-architecture options (config/schema.yaml `model:`), with the VLBertConfig
 # field each sets; `build_vlbert_config` copies them.
 RELEASED_OPTION_KEYS = ("geometry_encoding", "end_visual_term", "text_only_visual_norm", "text_only_end",
@@ -70,6 +71,10 @@ class VLBertConfig:
     # task heads' layer structure: "project" (tasks/modeling/*, this project's) or "released" (the authors'
     # VQA 'mlm' classifier, RefCOCO+ MVRC-transform head, VCR pooler + 1fc head)
     task_heads: str = "project"
+    # what a sentence-level task head (VCR, a config-declared classifier) reads: "cls", the [CLS] output (paper,
+    # released), or "text_mean", the mean output of the text elements: the sentence vector of a checkpoint trained
+    # with mean pooling, whose [CLS] output may carry nothing (finetune.sentence_readout, docs/default-run.md)
+    sentence_readout: str = "cls"
     bert_path: str = ""              # spec the weights/vocab came from
 
     def __post_init__(self) -> None:
@@ -92,6 +97,9 @@ class VLBertConfig:
                              f"{self.geometry_encoding!r}")
         if self.task_heads not in TASK_HEAD_LAYOUTS:
             raise ValueError(f"VLBertConfig: task_heads must be one of {TASK_HEAD_LAYOUTS}, got {self.task_heads!r}")
+        if self.sentence_readout not in SENTENCE_READOUTS:
+            raise ValueError(f"VLBertConfig: sentence_readout must be one of {SENTENCE_READOUTS}, got "
+                             f"{self.sentence_readout!r}")
         if self.roi_sampling_ratio < 0:
             raise ValueError(f"VLBertConfig: roi_sampling_ratio must be >= 0 (0: adaptive), got {self.roi_sampling_ratio}")
         if not 0 <= self.frozen_stages <= 5:

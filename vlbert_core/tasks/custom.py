@@ -210,7 +210,8 @@ class CustomClassificationTask(Task):
     def build_heads(self, config, meta):
         ClassifierHead = model_side("modeling.custom", "ClsClassifierHead")
 
-        return TaskHeads(ClassifierHead(config.hidden_size, len(meta["labels"]), config.hidden_dropout_prob))
+        return TaskHeads(ClassifierHead(config.hidden_size, len(meta["labels"]), config.hidden_dropout_prob,
+                                        readout=config.sentence_readout))
 
     def loss(self, model, out, extras, meta):
         logits = out["logits"]

@@ -281,7 +281,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
              setting: str, schedule: str, schedule_factor: float, hparams: Mapping[str, Any],
              tune_frcnn: bool, model_cfg: Mapping[str, Any], sources: Mapping[str, str],
              rois_paths: list[str] | tuple = (), seed: int = 0, device: str = "cpu",
-             stop_after_step: int | None = None) -> dict:
+             sentence_readout: str = "cls", stop_after_step: int | None = None) -> dict:
     """Fine-tune the pre-trained model in `pretrained_dir` on `task`; returns the task meta.
 
     `stop_after_step` ends the run right after that step's checkpoint without writing the outputs, as an
@@ -293,7 +293,8 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
     pretrained = VLBertModel.load(pretrained_dir)
     # tune_frcnn is a fine-tuning choice: rebuild with it so the visual network (un)freezes itself
     # so are the task heads' layout (model.task_heads) when the config names one
-    overrides = {"tune_frcnn": bool(tune_frcnn)}
+    # and what the task's sentence-level head reads (finetune.sentence_readout)
+    overrides = {"tune_frcnn": bool(tune_frcnn), "sentence_readout": str(sentence_readout)}
     if model_cfg.get("task_heads") is not None:
         overrides["task_heads"] = str(model_cfg["task_heads"])
     config = VLBertConfig.from_dict({**pretrained.config.to_dict(), **overrides})
@@ -308,6 +309,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
     meta: dict[str, Any] = {"name": task, "setting": setting, "schedule": schedule,
                             "schedule_factor": float(schedule_factor), "seed": int(seed),
                             "pretrained": str(pretrained_dir), "tune_frcnn": bool(tune_frcnn),
+                            "sentence_readout": config.sentence_readout,
                             "max_rois": max_rois, "image_max_side": int(model_cfg["image_max_side"]),
                             "max_text_len": max_text_len, "batch_size": int(hp["batch_size"]),
                             "mask_id": tokens.mask_id}
@@ -331,6 +333,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
 
     fingerprint = _fingerprint(task, Path(pretrained_dir), list(rois_paths), setting=setting, schedule=schedule,
                                schedule_factor=float(schedule_factor), tune_frcnn=bool(tune_frcnn), seed=int(seed),
+                               sentence_readout=config.sentence_readout,
                                hparams={k: v for k, v in hp.items() if k != "checkpoint_every"},
                                model=dict(model_cfg), sources=dict(sources))
     batches = EpochBatches(data, int(hp["batch_size"]), seed)

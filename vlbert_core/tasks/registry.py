@@ -168,7 +168,7 @@ def ablation_columns() -> list[TableColumn]:
     return [col for cls in _TASKS.values() for col in cls.ablation_columns]
 
 
-FINETUNE_OPTIONS = ("schedules", "tune_frcnn")  # the keys of `finetune:` that are not tasks
+FINETUNE_OPTIONS = ("schedules", "tune_frcnn", "sentence_readout")  # the keys of `finetune:` that are not tasks
 
 
 def check_finetune_config(finetune: Mapping[str, Any], sources: Mapping[str, Any]) -> None:

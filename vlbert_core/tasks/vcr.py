@@ -475,7 +475,7 @@ class VcrTask(Task):
         VCRRoIClassifier = model_side("modeling.vcr", "VCRRoIClassifier")
 
         dropout, layout = config.hidden_dropout_prob, config.task_heads
-        return TaskHeads(VCRHead(config.hidden_size, dropout, layout=layout),
+        return TaskHeads(VCRHead(config.hidden_size, dropout, layout=layout, readout=config.sentence_readout),
                          VCRRoIClassifier(config.hidden_size, len(meta["object_names"]), dropout, layout=layout))
 
     def scores(self, model, output, batch):

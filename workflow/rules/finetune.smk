@@ -36,6 +36,7 @@ rule finetune:
         schedule_factor=lambda wc: config["finetune"]["schedules"][wc.schedule],
         hparams=lambda wc: stable(config["finetune"][wc.finetune_task]),
         tune_frcnn=config["finetune"]["tune_frcnn"],
+        sentence_readout=config["finetune"]["sentence_readout"],
         model=stable(config["model"]),
         sources=lambda wc: stable(
             dataset_sources(finetune_dataset(wc.finetune_task), config["sources"])

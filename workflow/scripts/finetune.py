@@ -26,6 +26,7 @@ def main(smk) -> None:
         schedule_factor=float(smk.params.schedule_factor),
         hparams=dict(smk.params.hparams),
         tune_frcnn=bool(smk.params.tune_frcnn),
+        sentence_readout=smk.params.sentence_readout,
         model_cfg=dict(smk.params.model),
         sources=dict(smk.params.sources),
         rois_paths=list(smk.input.rois),

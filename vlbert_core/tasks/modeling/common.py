@@ -5,12 +5,28 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vlbert_core.model.inputs import IMG
+from vlbert_core.model.config import SENTENCE_READOUTS
+from vlbert_core.model.inputs import IMG, TEXT
 
 
 def cls_output(sequence_output: torch.Tensor) -> torch.Tensor:
     """[B, hidden]: the `[CLS]` element is always first."""
     return sequence_output[:, 0]
+
+
+def sentence_output(sequence_output: torch.Tensor, batch, readout: str) -> torch.Tensor:
+    """[B, hidden]: the vector a sentence-level head reads (VLBertConfig.sentence_readout).
+
+    "cls" is the `[CLS]` output. "text_mean" averages the outputs of the sample's text elements (`[CLS]`, the
+    word pieces, the `[SEP]`s), padding, `[IMG]` and `[END]` left out: how a checkpoint trained with mean
+    pooling (sentence-transformers) makes its sentence vector. The visual elements reach it through attention.
+    """
+    if readout == "cls":
+        return cls_output(sequence_output)
+    if readout == "text_mean":
+        weights = ((batch.element_kind == TEXT) & batch.attention_mask).to(sequence_output.dtype)
+        return (weights.unsqueeze(-1) * sequence_output).sum(1) / weights.sum(1, keepdim=True)
+    raise ValueError(f"sentence readout must be one of {SENTENCE_READOUTS}, got {readout!r}")
 
 
 def mask_output(sequence_output: torch.Tensor, input_ids: torch.Tensor, mask_id: int) -> torch.Tensor:

@@ -17,20 +17,22 @@ from vlbert_core.model.initialization import init_new_parameters
 from ..common import rois_for_key
 from ..custom import image_key
 from ..samples import ImageLoader, Tokens, image_and_boxes, truncate_pair
-from .common import cls_output
+from .common import sentence_output
 
 
 class ClsClassifierHead(nn.Module):
-    """The `[CLS]` output -> Dropout -> Linear(hidden, labels): one logit per label."""
+    """The `[CLS]` output -> Dropout -> Linear(hidden, labels): one logit per label (`readout` "text_mean": the
+    mean text output instead of `[CLS]`, common.sentence_output)."""
 
-    def __init__(self, hidden_size: int, num_labels: int, dropout: float = 0.1):
+    def __init__(self, hidden_size: int, num_labels: int, dropout: float = 0.1, readout: str = "cls"):
         super().__init__()
+        self.readout = readout
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(hidden_size, int(num_labels))
         init_new_parameters(self)
 
     def forward(self, output, batch) -> torch.Tensor:
-        return self.classifier(self.dropout(cls_output(output.sequence_output)))
+        return self.classifier(self.dropout(sentence_output(output.sequence_output, batch, self.readout)))
 
     @staticmethod
     def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -18,16 +18,18 @@ from vlbert_core.model.inputs import IGNORE_INDEX, TEXT, InputSequence
 
 from .. import vcr as vcr_lib
 from ..samples import ImageLoader, Tokens, image_and_boxes, truncate_pair
-from .common import HeadTransform, check_layout, cls_output, roi_outputs
+from .common import HeadTransform, check_layout, roi_outputs, sentence_output
 
 
 class VCRHead(nn.Module):
     """layout "project": Dropout -> Linear(h, 1) on the `[CLS]` output; layout "released": BERT's pooler
-    (Linear(h, h) + tanh, released with_pooler) first, then Dropout -> Linear(h, 1) (CLASSIFIER_TYPE 1fc)."""
+    (Linear(h, h) + tanh, released with_pooler) first, then Dropout -> Linear(h, 1) (CLASSIFIER_TYPE 1fc).
+    `readout` "text_mean" reads the mean text output instead of `[CLS]` (common.sentence_output)."""
 
-    def __init__(self, hidden_size: int, dropout: float = 0.1, layout: str = "project"):
+    def __init__(self, hidden_size: int, dropout: float = 0.1, layout: str = "project", readout: str = "cls"):
         super().__init__()
         check_layout(layout)
+        self.readout = readout
         self.pooler = nn.Linear(hidden_size, hidden_size) if layout == "released" else None
         self.dropout = nn.Dropout(dropout)
         self.score = nn.Linear(hidden_size, 1)
@@ -35,7 +37,7 @@ class VCRHead(nn.Module):
 
     def forward(self, output, batch, num_candidates: int) -> torch.Tensor:
         """[B_questions, num_candidates] scores; rows of the batch are question-major."""
-        pooled = cls_output(output.sequence_output)
+        pooled = sentence_output(output.sequence_output, batch, self.readout)
         if self.pooler is not None:
             pooled = torch.tanh(self.pooler(pooled))
         scores = self.score(self.dropout(pooled)).squeeze(-1)
