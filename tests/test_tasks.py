@@ -575,6 +575,7 @@ def test_the_sentence_readout_is_the_cls_output_or_the_mean_of_the_text_elements
 
     from vlbert_core.model.inputs import END, IMG, TEXT
     from vlbert_core.tasks.modeling.common import sentence_output
+    from vlbert_core.tasks.modeling.vcr import VCRHead
 
     torch.manual_seed(0)
     hidden = torch.randn(2, 6, 4)
@@ -586,6 +587,8 @@ def test_the_sentence_readout_is_the_cls_output_or_the_mean_of_the_text_elements
     torch.testing.assert_close(sentence_output(hidden, batch, "text_mean"), expected)
     with pytest.raises(ValueError, match="sentence readout must be one of.*'pooled'"):
         sentence_output(hidden, batch, "pooled")
+    with pytest.raises(ValueError, match="sentence readout must be one of.*'pooled'"):
+        VCRHead(4, readout="pooled")
 
 
 def test_a_vcr_model_fine_tuned_on_the_mean_text_output_keeps_reading_it(world, tmp_path):

@@ -14,6 +14,11 @@ def cls_output(sequence_output: torch.Tensor) -> torch.Tensor:
     return sequence_output[:, 0]
 
 
+def check_readout(readout: str) -> None:
+    if readout not in SENTENCE_READOUTS:
+        raise ValueError(f"sentence readout must be one of {SENTENCE_READOUTS}, got {readout!r}")
+
+
 def sentence_output(sequence_output: torch.Tensor, batch, readout: str) -> torch.Tensor:
     """[B, hidden]: the vector a sentence-level head reads (VLBertConfig.sentence_readout).
 
@@ -21,12 +26,11 @@ def sentence_output(sequence_output: torch.Tensor, batch, readout: str) -> torch
     word pieces, the `[SEP]`s), padding, `[IMG]` and `[END]` left out: how a checkpoint trained with mean
     pooling (sentence-transformers) makes its sentence vector. The visual elements reach it through attention.
     """
+    check_readout(readout)
     if readout == "cls":
         return cls_output(sequence_output)
-    if readout == "text_mean":
-        weights = ((batch.element_kind == TEXT) & batch.attention_mask).to(sequence_output.dtype)
-        return (weights.unsqueeze(-1) * sequence_output).sum(1) / weights.sum(1, keepdim=True)
-    raise ValueError(f"sentence readout must be one of {SENTENCE_READOUTS}, got {readout!r}")
+    weights = ((batch.element_kind == TEXT) & batch.attention_mask).to(sequence_output.dtype)
+    return (weights.unsqueeze(-1) * sequence_output).sum(1) / weights.sum(1, keepdim=True)
 
 
 def mask_output(sequence_output: torch.Tensor, input_ids: torch.Tensor, mask_id: int) -> torch.Tensor:

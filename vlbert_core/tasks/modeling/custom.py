@@ -17,7 +17,7 @@ from vlbert_core.model.initialization import init_new_parameters
 from ..common import rois_for_key
 from ..custom import image_key
 from ..samples import ImageLoader, Tokens, image_and_boxes, truncate_pair
-from .common import sentence_output
+from .common import check_readout, sentence_output
 
 
 class ClsClassifierHead(nn.Module):
@@ -26,6 +26,7 @@ class ClsClassifierHead(nn.Module):
 
     def __init__(self, hidden_size: int, num_labels: int, dropout: float = 0.1, readout: str = "cls"):
         super().__init__()
+        check_readout(readout)
         self.readout = readout
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(hidden_size, int(num_labels))

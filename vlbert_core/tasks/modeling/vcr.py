@@ -18,7 +18,7 @@ from vlbert_core.model.inputs import IGNORE_INDEX, TEXT, InputSequence
 
 from .. import vcr as vcr_lib
 from ..samples import ImageLoader, Tokens, image_and_boxes, truncate_pair
-from .common import HeadTransform, check_layout, roi_outputs, sentence_output
+from .common import HeadTransform, check_layout, check_readout, roi_outputs, sentence_output
 
 
 class VCRHead(nn.Module):
@@ -29,6 +29,7 @@ class VCRHead(nn.Module):
     def __init__(self, hidden_size: int, dropout: float = 0.1, layout: str = "project", readout: str = "cls"):
         super().__init__()
         check_layout(layout)
+        check_readout(readout)
         self.readout = readout
         self.pooler = nn.Linear(hidden_size, hidden_size) if layout == "released" else None
         self.dropout = nn.Dropout(dropout)
