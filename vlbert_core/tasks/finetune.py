@@ -327,9 +327,9 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
     meta.update(num_train_examples=len(data), **plan)
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log.info("fine-tuning %s (setting %s, schedule %s x%.2f): %d examples, %d steps of %d, "
-             "%.2f epochs, %s, tune_frcnn=%s, %.1fM trainable parameters", task, setting, schedule,
-             schedule_factor, len(data), plan["total_steps"], hp["batch_size"], plan["epochs"],
-             hp["optimizer"], tune_frcnn, n_trainable / 1e6)
+             "%.2f epochs, %s, tune_frcnn=%s, sentence readout %s, %.1fM trainable parameters", task, setting,
+             schedule, schedule_factor, len(data), plan["total_steps"], hp["batch_size"], plan["epochs"],
+             hp["optimizer"], tune_frcnn, config.sentence_readout, n_trainable / 1e6)
 
     fingerprint = _fingerprint(task, Path(pretrained_dir), list(rois_paths), setting=setting, schedule=schedule,
                                schedule_factor=float(schedule_factor), tune_frcnn=bool(tune_frcnn), seed=int(seed),
