@@ -24,15 +24,23 @@ def repo() -> Path:
     return REPO
 
 
-def load_script(name: str):
-    """A workflow/scripts/*.py entry point as a module, to drive its main() with a stand-in `snakemake`."""
+def _load_module(path: Path, module_name: str):
     import importlib.util
 
-    path = REPO / "workflow" / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"script_{name}", path)
+    spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_script(name: str):
+    """A workflow/scripts/*.py entry point as a module, to drive its main() with a stand-in `snakemake`."""
+    return _load_module(REPO / "workflow" / "scripts" / f"{name}.py", f"script_{name}")
+
+
+def load_benchmark(name: str):
+    """A benchmarks/*.py script as a module, to test its functions."""
+    return _load_module(REPO / "benchmarks" / f"{name}.py", f"benchmark_{name}")
 
 
 # ---- a tiny pre-training world (tests/test_pretrain.py, tests/test_ddp.py) -------------------------------
