@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import date
 from pathlib import Path
 
 import torch
@@ -103,8 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     print(result)
     if args.write_docs:
         body = (f"`uv run python benchmarks/sentence_readout.py {args.vcr_jsonl} --questions {args.questions}` "
-                f"(initialiser `{model_cfg['bert_path']}`, Q->A candidates of the first {args.questions} "
-                "questions, text only). Spread: how far apart a question's four candidate vectors are, relative "
+                f"in a run directory, {date.today().isoformat()} (initialiser `{model_cfg['bert_path']}`, Q->A "
+                f"candidates of the first {args.questions} questions, text only). Spread: how far apart a question's four candidate vectors are, relative "
                 "to their length (0: the head sees one vector for all four).\n\n" + result)
         replace_section(HEADING, body)
 
