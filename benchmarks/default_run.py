@@ -190,7 +190,7 @@ def time_finetuning(run_dir: Path, cfg: dict, setting: str, task: str, steps: in
             finetune_module.finetune(
                 task, pretrained, out, setting=setting, schedule="full", schedule_factor=1.0, hparams=hparams,
                 tune_frcnn=bool(cfg["finetune"]["tune_frcnn"]), model_cfg=dict(cfg["model"]),
-                sentence_readout=str(cfg["finetune"].get("sentence_readout", "cls")),
+                sentence_readout=str(cfg["finetune"]["sentence_readout"]),
                 sources=dict(cfg["sources"][task_def.dataset]), rois_paths=rois, seed=int(cfg["seed"]),
                 device=str(cfg["device"]))
     finally:
