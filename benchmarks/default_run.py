@@ -53,7 +53,7 @@ from vlbert_core.model.encoder import VLBertEncoder  # noqa: E402
 from vlbert_core.model.visual import FastRCNNVisualNetwork  # noqa: E402
 from vlbert_core.pretrain.__main__ import merge  # noqa: E402
 from vlbert_core.rule_times import rule_table, rule_times, run_wall_seconds  # noqa: E402
-from vlbert_core.utils import set_threads  # noqa: E402
+from vlbert_core.utils import setup_compute  # noqa: E402
 
 SECTION = "## Default run profile"
 PARTS = ("data", "visual network", "encoder", "heads + losses", "optimizer", "rest")
@@ -218,7 +218,7 @@ def main() -> None:
              "`benchmarks/rules/`; job seconds are wall seconds of each job, so two jobs at once count twice):",
              "", rule_table(times, run_wall_seconds(run_dir))]
     if not args.rules_only:
-        set_threads(args.threads)
+        setup_compute(args.threads)
         pre, n_pre = time_pretraining(run_dir, cfg, args.setting, args.steps)
         fine, n_fine = time_finetuning(run_dir, cfg, args.setting, args.finetune_task, args.steps)
         lines += [

@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from vlbert_core.detector import build_detector  # noqa: E402
 from vlbert_core.detector.train import load_coco_split  # noqa: E402
-from vlbert_core.utils import set_threads  # noqa: E402
+from vlbert_core.utils import setup_compute  # noqa: E402
 
 SECTION = "## Detector training: the attribute head's cost"
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--write-docs", action="store_true", help=f"replace '{SECTION}' in docs/benchmarks.md")
     args = parser.parse_args(argv)
-    set_threads(args.threads)
+    setup_compute(args.threads)
     config = yaml.safe_load(args.config.read_text())
     cfg, sources = dict(config["detector"]), config["sources"]["detector"]
     weight = float(cfg.get("attribute_loss_weight", 0.0))

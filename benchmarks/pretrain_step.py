@@ -56,6 +56,7 @@ from vlbert_core.optim import OptimizerSettings, build_optimizer  # noqa: E402
 from vlbert_core.pretrain.loop import ADAM_BETAS, ADAM_EPS  # noqa: E402
 from vlbert_core.pretrain.masking import IGNORE_INDEX, MaskingVocab, mask_rois, whole_word_mask  # noqa: E402
 from vlbert_core.pretrain.objectives import VLBertForPretraining  # noqa: E402
+from vlbert_core.utils import keep_freed_memory  # noqa: E402
 
 
 SECTION = "## Pre-training step"
@@ -71,6 +72,8 @@ TEXT = ("the little red ball had promised to stay close to the big blue box unti
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
+    parser.add_argument("--system-allocator", action="store_true",
+                        help="leave glibc's malloc thresholds alone (the jobs' before keep_freed_memory)")
     parser.add_argument("--size", nargs="+", choices=["embedded", "base"], default=["embedded", "base"],
                         help="model sizes, measured one after the other (default both). embedded: the model of "
                              "config/config.yaml (MiniLM's shape, its first k layers); base: BERT-BASE's shape "
@@ -258,6 +261,8 @@ def mlm_head_share(config: VLBertConfig, batch) -> float:
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
+    if not args.system_allocator:
+        keep_freed_memory()   # as every workflow job does (vlbert_core.utils.setup_compute)
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     tokenizer = load_tokenizer(cfg["model"]["bert_path"])
     batch = build_batch(cfg, tokenizer, np.random.default_rng(0))
@@ -270,10 +275,15 @@ def main() -> None:
         f"Batch (setting d of config/config.yaml): {batch_size} samples ({num_cc} <Caption, Image> with "
         f"{batch.inputs.boxes.shape[1]} boxes on {batch.inputs.images.shape[-1]}-px images + {batch_size - num_cc} "
         f"<Text, ∅>), padded length {length}, {int((batch.mlm_labels != IGNORE_INDEX).sum())} masked tokens; the "
-        "bare BertModel gets the same ids and padding mask. Visual network: the default detector's ResNet-C4 "
+        "bare BertModel gets the same ids and padding mask. VL-BERT encodes the caption rows at their own length "
+        f"({int(batch.inputs.attention_mask[batch.inputs.has_image].sum(1).max())}: `encode_by_kind`), "
+        "as the loop does. Visual network: the default detector's ResNet-C4 "
         f"(stage widths {any_config.visual_backbone['stage_widths']}, {any_config.appearance_dim}-d RoI "
         f"features), geometry {any_config.geometry_dim}-d. Random weights.",
-        f"Machine: {machine()}; {args.threads} threads; {args.warmup} warm-up rounds, then {args.reps} measured "
+        f"Machine: {machine()}; {args.threads} threads; "
+        + ("glibc's default malloc thresholds (`--system-allocator`)" if args.system_allocator
+           else "freed memory kept for reuse, as in the jobs (`keep_freed_memory`)")
+        + f"; {args.warmup} warm-up rounds, then {args.reps} measured "
         "rounds of A B C D E F G; per-round times: "
         + "; ".join(f"{size} " + " ".join(f"{k}=[{', '.join(f'{t:.2f}' for t in v)}]" for k, v in times.items())
                     for size, (times, _) in results.items()) + ".",
@@ -317,7 +327,8 @@ def main() -> None:
         "",
         "```bash",
         f"uv run python benchmarks/pretrain_step.py --threads {args.threads} --size {' '.join(args.size)} "
-        f"--reps {args.reps} --warmup {args.warmup}" + (" --write-docs" if args.write_docs else ""),
+        f"--reps {args.reps} --warmup {args.warmup}" + (" --system-allocator" if args.system_allocator else "")
+        + (" --write-docs" if args.write_docs else ""),
         "```",
     ]
     report = "\n".join(lines)

@@ -57,7 +57,7 @@ from vlbert_core.pretrain.masking import word_groups  # noqa: E402
 from vlbert_core.pretrain.objectives import VLBertForPretraining  # noqa: E402
 from vlbert_core.pretrain.settings import get_setting  # noqa: E402
 from vlbert_core.tasks.samples import ImageLoader, image_and_boxes  # noqa: E402
-from vlbert_core.utils import set_threads  # noqa: E402
+from vlbert_core.utils import setup_compute  # noqa: E402
 from vlbert_core.world.vocabulary import CATEGORIES, COLOUR_NAMES, SIZE_NAMES  # noqa: E402
 
 SECTION = "## Visual grounding (why the visual-clue check shows no gap)"
@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"measurement 1 only (no pre-trained checkpoints needed), docs section '{PROBES_SECTION}'")
     parser.add_argument("--write-docs", action="store_true", help=f"replace '{SECTION}' in docs/benchmarks.md")
     args = parser.parse_args(argv)
-    set_threads(args.threads)
+    setup_compute(args.threads)
     started = time.time()
     run = Run(args.run.resolve())
     if args.probes_only:

@@ -388,6 +388,41 @@ def test_heads_on_labelled_positions_only_equal_the_full_sequence_computation(wo
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("setting", ["d", "full"])
+def test_caption_and_text_rows_encoded_apart_equal_one_padded_pass(world, tokenizer, setting):
+    """encode_by_kind: the <Caption, Image> rows and the <Text, ∅> rows are each encoded at their own
+    length; at every real element the outputs, and every gradient (the tuned visual network's in `full`),
+    equal one padded pass."""
+    from vlbert_core.pretrain.objectives import encode_by_kind
+
+    spec = get_setting(setting)
+    detector, meta = load_detector(world["detector"])
+    config = build_vlbert_config(model_cfg(world), meta, tune_frcnn=spec.tune_frcnn)
+    torch.manual_seed(0)
+    model = VLBertModel.from_bert(config, detector.state_dict()).eval()   # no dropout: the passes compare
+    cc, text = _streams(world, tokenizer, setting)
+    inputs = next(PretrainBatches([DataStream(cc, text, 4, 4)])).inputs
+    lengths = inputs.attention_mask.sum(1)
+    longest = sorted(int(lengths[rows].max()) for rows in (inputs.has_image, ~inputs.has_image))
+    assert longest[0] < longest[1] == inputs.input_ids.shape[1]     # one kind is cut shorter
+    text_part = inputs.select_rows((~inputs.has_image).nonzero(as_tuple=True)[0])
+    assert text_part.images is None and text_part.boxes is None and not bool(text_part.has_image.any())
+
+    probe = torch.randn(*inputs.input_ids.shape, config.hidden_size, generator=torch.Generator().manual_seed(1))
+    outputs, grads = [], []
+    for encode in (encode_by_kind, lambda m, b: m.encode(b).sequence_output):
+        model.zero_grad(set_to_none=True)
+        hidden = encode(model, inputs)
+        (hidden * probe * inputs.attention_mask[..., None]).sum().backward()
+        outputs.append(hidden.detach()[inputs.attention_mask])
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
+    assert set(grads[0]) == set(grads[1])
+    assert any(n.startswith("visual_network.") for n in grads[0]) == spec.tune_frcnn
+    for name in grads[1]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_mlm_head_loaded_from_bert_checkpoint(world):
     from safetensors import safe_open
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import errno
 import logging
 import os
@@ -98,8 +100,35 @@ def seed_everything(seed: int) -> None:
         torch.manual_seed(seed)
 
 
-def set_threads(threads: int) -> None:
-    """Use exactly the cores Snakemake gave this job (torch would otherwise take them all)."""
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_KEEP_BLOCKS_BELOW = 1 << 30   # bytes: far above the largest tensor a step of any config here allocates
+
+
+def keep_freed_memory() -> bool:
+    """Let this process reuse the large blocks it frees rather than hand them back to the OS and fault
+    them in again.
+
+    glibc serves a block above its mmap threshold (at most 32 MiB by default) with its own mmap and unmaps
+    it on free. A training step allocates the same large tensors every step (at the embedded size the
+    30,522 x 384 word-embedding gradient is 47 MB), so each step paid for fresh zeroed pages: about a sixth
+    of a pre-training step (docs/benchmarks.md, "Pre-training step"). With both thresholds raised the
+    blocks stay in the heap; the process's peak memory is unchanged, it is only not given back until exit.
+    Computed values do not change. Returns False where the C library is not glibc (nothing changes there).
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, _KEEP_BLOCKS_BELOW)) and bool(mallopt(_M_TRIM_THRESHOLD, 2 * _KEEP_BLOCKS_BELOW - 1))
+
+
+def setup_compute(threads: int) -> None:
+    """Set up a job's process for torch: exactly the cores Snakemake gave it (torch would otherwise take
+    them all), and freed memory kept for reuse (keep_freed_memory)."""
+    keep_freed_memory()
     threads = max(1, int(threads))
     os.environ["OMP_NUM_THREADS"] = str(threads)
     if "torch" in sys.modules:

@@ -39,6 +39,24 @@ class VLBertBatch:
     def batch_size(self) -> int:
         return self.input_ids.shape[0]
 
+    def select_rows(self, rows: torch.Tensor) -> "VLBertBatch":
+        """The batch of the given rows (Long indices), cut to their longest sequence; without image fields
+        when none of them has an image, as collate_samples would build it from those samples alone."""
+        length = int(self.attention_mask[rows].sum(1).max())
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        selected = {}
+        for name, value in fields.items():
+            if value is None:
+                selected[name] = None
+            elif name in ("input_ids", "element_kind", "segment_ids", "position_ids", "roi_index", "attention_mask"):
+                selected[name] = value[rows, :length]
+            else:
+                selected[name] = value[rows]
+        if not bool(selected["has_image"].any()):
+            for name in ("images", "boxes", "box_valid", "roi_masked"):
+                selected[name] = None
+        return VLBertBatch(**selected)
+
 
 def fit_image(img: Image.Image, max_side: int) -> tuple[Image.Image, float]:
     """Scale so the longer side is exactly `max_side`, up or down; returns the image and the factor.

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from vlbert_core.utils import set_threads, setup_logging
+from vlbert_core.utils import setup_compute, setup_logging
 
 
 def merge(base: dict, override: dict) -> dict:
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict:
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(args.log or args.out / f"pretrain.rank{rank}.log")
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    set_threads(args.threads or max(1, (os.cpu_count() or 1) // local_processes))
+    setup_compute(args.threads or max(1, (os.cpu_count() or 1) // local_processes))
     from .loop import pretrain
 
     pretrain_cfg = {k: v for k, v in config["pretrain"].items() if k not in ("settings", "launch")}

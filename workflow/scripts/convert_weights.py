@@ -4,12 +4,12 @@ from pathlib import Path
 
 from vlbert_core.convert.__main__ import main as convert
 from vlbert_core.convert.stand_in import set_detector_test_sizes
-from vlbert_core.utils import get_logger, set_threads, setup_logging
+from vlbert_core.utils import get_logger, setup_compute, setup_logging
 
 
 def main(smk) -> None:
     setup_logging(smk.log[0])
-    set_threads(smk.threads)
+    setup_compute(smk.threads)
     entry = dict(smk.params.entry)
     out = smk.output.path if "path" in smk.output.keys() else str(Path(smk.output.model).parent)
     argv = [entry["converter"], entry["input"], out]

@@ -1,12 +1,12 @@
 """Snakemake entry point: download, resize and write one Conceptual Captions shard."""
 
 from vlbert_core.data import download_cc_shard
-from vlbert_core.utils import set_threads, setup_logging
+from vlbert_core.utils import setup_compute, setup_logging
 
 
 def main(smk) -> None:
     setup_logging(smk.log[0])
-    set_threads(smk.threads)
+    setup_compute(smk.threads)
     download_cc_shard(
         rows_parquet=smk.input.rows,
         split=smk.params.split,

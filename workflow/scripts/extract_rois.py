@@ -2,12 +2,12 @@
 bottom-up-attention TSV (rule import_rois, which gives `input.tsv`)."""
 
 from vlbert_core.detector import cc_image_id, extract_rois_with_detector, import_rois_with_detector, read_cc_shard
-from vlbert_core.utils import set_threads, setup_logging
+from vlbert_core.utils import setup_compute, setup_logging
 
 
 def main(smk) -> None:
     setup_logging(smk.log[0])
-    set_threads(smk.threads)
+    setup_compute(smk.threads)
     samples = read_cc_shard(smk.input.tar)
     tsv = getattr(smk.input, "tsv", None)
     if tsv:

@@ -4,12 +4,12 @@ extract_task_rois) or imported from a bottom-up-attention TSV (rule import_task_
 
 from vlbert_core.detector import coco_image_id, extract_rois_with_detector, import_rois_with_detector
 from vlbert_core.tasks.registry import register_config_tasks, task_of_roi_dataset
-from vlbert_core.utils import get_logger, set_threads, setup_logging
+from vlbert_core.utils import get_logger, setup_compute, setup_logging
 
 
 def main(smk) -> None:
     setup_logging(smk.log[0])
-    set_threads(smk.threads)
+    setup_compute(smk.threads)
     register_config_tasks(smk.config)  # the tasks.custom entries, as the Snakefile registered them
     paths = task_of_roi_dataset(smk.params.dataset).roi_image_paths(smk.params.split, smk.params.sources)
     get_logger(__name__).info("%s/%s: %d images", smk.params.dataset, smk.params.split, len(paths))

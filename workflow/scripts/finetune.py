@@ -6,12 +6,12 @@ from pathlib import Path
 from vlbert_core.tasks.evaluate import predict_splits, write_prediction_bundle
 from vlbert_core.tasks.finetune import finetune
 from vlbert_core.tasks.registry import register_config_tasks
-from vlbert_core.utils import set_threads, setup_logging
+from vlbert_core.utils import setup_compute, setup_logging
 
 
 def main(smk) -> None:
     setup_logging(smk.log[0])
-    set_threads(smk.threads)
+    setup_compute(smk.threads)
     register_config_tasks(smk.config)  # the tasks.custom entries, as the Snakefile registered them
     out_dir = Path(smk.output.model).parent
     for name in ("config", "metrics", "predictions"):

@@ -6,7 +6,7 @@ from pathlib import Path
 import yaml
 
 from vlbert_core.pretrain.launch import Launch, distributed_command, pretrain_arguments
-from vlbert_core.utils import get_logger, set_threads, setup_logging
+from vlbert_core.utils import get_logger, setup_compute, setup_logging
 
 
 def main(smk) -> None:
@@ -18,7 +18,7 @@ def main(smk) -> None:
     pretrain_cfg = {k: v for k, v in dict(smk.params["pretrain"]).items() if k != "launch"}
     launch = Launch.from_config(smk.params["pretrain"].get("launch"))
     if launch.in_process:
-        set_threads(smk.threads)
+        setup_compute(smk.threads)
         from vlbert_core.pretrain import pretrain
 
         pretrain(

@@ -1,12 +1,12 @@
 """Snakemake entry point: write one random-valued stand-in of a published checkpoint (config `stand_ins:`)."""
 
 from vlbert_core.convert.stand_in import write_bert_stand_in, write_manifest_stand_in
-from vlbert_core.utils import get_logger, set_threads, setup_logging
+from vlbert_core.utils import get_logger, setup_compute, setup_logging
 
 
 def main(smk) -> None:
     setup_logging(smk.log[0])
-    set_threads(smk.threads)
+    setup_compute(smk.threads)
     entry = dict(smk.params.entry)
     out = smk.output.path
     if entry["kind"] == "bert":

@@ -1,12 +1,12 @@
 """Snakemake entry point: train the detector on the world's COCO-style annotations."""
 
 from vlbert_core.detector import train_detector
-from vlbert_core.utils import set_threads, setup_logging
+from vlbert_core.utils import setup_compute, setup_logging
 
 
 def main(smk) -> None:
     setup_logging(smk.log[0])
-    set_threads(smk.threads)
+    setup_compute(smk.threads)
     train_detector(
         cfg=smk.params.detector,
         annotations_train=smk.input.train,

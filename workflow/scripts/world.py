@@ -2,13 +2,13 @@
 
 from pathlib import Path
 
-from vlbert_core.utils import set_threads, setup_logging
+from vlbert_core.utils import setup_compute, setup_logging
 from vlbert_core.world import generate_world
 
 
 def main(smk) -> None:
     setup_logging(smk.log[0])
-    set_threads(smk.threads)
+    setup_compute(smk.threads)
     generate_world(
         cfg=dict(smk.params.world),
         sources=dict(smk.params.sources),
