@@ -415,6 +415,67 @@ def test_detect_rois_gives_bounded_boxes_inside_the_image(tiny_detector):
     assert tiny_detector.training is False
 
 
+def _canonical_nms(boxes, scores, idxs, iou, k):
+    """Greedy NMS by hand: boxes in order of score, equal scores by index; the first k survivors."""
+    order = sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))
+    overlaps = (box_iou(boxes, boxes) > iou) & (idxs[:, None] == idxs[None, :])
+    suppressed = torch.zeros(len(scores), dtype=torch.bool)
+    kept: list[int] = []
+    for i in order:
+        if not suppressed[i]:
+            kept.append(i)
+            suppressed |= overlaps[i]
+    return torch.tensor(kept[:k], dtype=torch.long)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_nms_stopped_at_the_first_k_survivors_keeps_what_full_nms_keeps_first(seed):
+    from torchvision.ops import batched_nms
+
+    from vlbert_core.detector.faster_rcnn import first_nms_survivors
+
+    g = torch.Generator().manual_seed(seed)
+    n = [300, 1200, 2000, 40, 900, 1500][seed]
+    if seed % 2:   # spread out: most boxes survive
+        corners = torch.rand(n, 2, generator=g) * 200
+        boxes = torch.cat([corners, corners + 8 + torch.rand(n, 2, generator=g) * 60], 1)
+    else:          # jittered copies of 25 objects, as proposals are: one survives per object and class, so
+        # the top 2k boxes rarely hold k survivors and the search widens
+        objects = torch.cat([torch.rand(25, 2, generator=g) * 200, 20 + torch.rand(25, 2, generator=g) * 40], 1)
+        boxes = objects[torch.randint(0, 25, (n,), generator=g)] + torch.rand(n, 4, generator=g) * 2
+        boxes[:, 2:] += boxes[:, :2]
+    idxs = torch.randint(0, 1 + seed % 3, (n,), generator=g)
+    for k in (1, 20, 37, 300, n):          # few, many, and more than survive
+        scores = torch.rand(n, generator=g)   # distinct: full NMS's order is defined, so equal to the index
+        assert torch.equal(first_nms_survivors(boxes, scores, idxs, 0.5, k), batched_nms(boxes, scores, idxs, 0.5)[:k])
+        # Equal scores (an RPN's sigmoid saturates at 1.0): ties in score order, then by index.
+        tied = (scores * 4).floor() / 4
+        assert torch.equal(first_nms_survivors(boxes, tied, idxs, 0.5, k), _canonical_nms(boxes, tied, idxs, 0.5, k))
+
+
+def test_the_rpn_proposes_what_torchvision_s_proposes(tiny_detector):
+    from torchvision.models.detection.rpn import RegionProposalNetwork
+
+    from vlbert_core.detector.faster_rcnn import TopProposalsRPN
+
+    assert isinstance(tiny_detector.rpn, TopProposalsRPN)
+    rpn = tiny_detector.rpn
+    g = torch.Generator().manual_seed(0)
+    anchors = 1500
+    corners = torch.rand(2, anchors, 2, generator=g) * 60
+    proposals = torch.cat([corners, corners + 2 + torch.rand(2, anchors, 2, generator=g) * 30], -1)
+    objectness = torch.randn(2 * anchors, 1, generator=g) * 3
+    args = (proposals, objectness, [(64, 64), (48, 80)], [anchors])
+    for training in (True, False):   # post-NMS top-n of training and of test time
+        rpn.train(training)
+        ours, theirs = rpn.filter_proposals(*args), RegionProposalNetwork.filter_proposals(rpn, *args)
+        for got, want in zip(ours, theirs):
+            assert len(got) == len(want) == 2
+            for a, b in zip(got, want):
+                assert torch.equal(a, b)
+    rpn.eval()
+
+
 def test_parquet_round_trip_with_a_corrupt_image(tiny_detector, tmp_path):
     rng = np.random.default_rng(1)
     good, _ = draw_scene(rng)

@@ -48,7 +48,7 @@ from torchvision.models.detection.image_list import ImageList
 from torchvision.models.detection.roi_heads import RoIHeads, fastrcnn_loss
 from torchvision.models.detection.rpn import RegionProposalNetwork, RPNHead
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
-from torchvision.ops import MultiScaleRoIAlign, RoIPool, batched_nms
+from torchvision.ops import MultiScaleRoIAlign, RoIPool, batched_nms, clip_boxes_to_image, remove_small_boxes
 from torchvision.ops.misc import Conv2dNormActivation
 
 from .pixels import get_pixel_format, normalise_pixels
@@ -204,7 +204,69 @@ def uses_legacy_boxes(model: nn.Module) -> bool:
     return isinstance(model.roi_heads.box_coder, LegacyBoxCoder)
 
 
-class LegacyRegionProposalNetwork(RegionProposalNetwork):
+def first_nms_survivors(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float, k: int) -> Tensor:
+    """batched_nms(boxes, scores, idxs, iou_threshold)[:k], without the NMS over every box.
+
+    Greedy NMS keeps or drops a box by the boxes scored above it alone, so the k best survivors are found
+    among the best-scored boxes: NMS runs on the top 2k boxes (then 4k, ...) until k of them survive. An RPN keeps 300 of its 2,000 pre-NMS proposals in training (100
+    of 1,000 at test time); NMS over all of them, serial on the CPU, was a quarter of a detector training
+    step at the default config (docs/benchmarks.md, "Default run profile").
+
+    Survivors of equal score come in index order. (batched_nms sorts its survivors again when it has more
+    than 1,000 boxes on the CPU, with a sort that leaves the order of equal scores unspecified.)
+    """
+    def by_score_then_index(keep: Tensor) -> Tensor:
+        keep = keep.sort().values
+        return keep[torch.sort(scores[keep], descending=True, stable=True).indices]
+
+    order = torch.sort(scores, descending=True, stable=True).indices   # equal scores by index, as NMS takes them
+    size = 2 * k
+    while 0 < size < order.numel():
+        top = order[:size]
+        keep = top[batched_nms(boxes[top], scores[top], idxs[top], iou_threshold)]
+        if keep.numel() >= k:
+            return by_score_then_index(keep)[:k]
+        size *= 2
+    return by_score_then_index(batched_nms(boxes, scores, idxs, iou_threshold))[:k]
+
+
+class TopProposalsRPN(RegionProposalNetwork):
+    """torchvision's RPN, whose NMS stops once it has the post-NMS top-n proposals (first_nms_survivors);
+    it proposes the same boxes."""
+
+    @classmethod
+    def like(cls, rpn: RegionProposalNetwork, **kwargs) -> "TopProposalsRPN":
+        """This class with `rpn`'s modules and settings (FasterRCNN builds torchvision's own)."""
+        return cls(rpn.anchor_generator, rpn.head, rpn.proposal_matcher.high_threshold,
+                   rpn.proposal_matcher.low_threshold, rpn.fg_bg_sampler.batch_size_per_image,
+                   rpn.fg_bg_sampler.positive_fraction, rpn._pre_nms_top_n, rpn._post_nms_top_n, rpn.nms_thresh,
+                   rpn.score_thresh, **kwargs)
+
+    def filter_proposals(self, proposals: Tensor, objectness: Tensor, image_shapes: list[tuple[int, int]],
+                         num_anchors_per_level: list[int]) -> tuple[list[Tensor], list[Tensor]]:
+        # torchvision's RegionProposalNetwork.filter_proposals but for its NMS (a test compares the two)
+        num_images = proposals.shape[0]
+        objectness = objectness.detach().reshape(num_images, -1)
+        levels = torch.cat([torch.full((n,), level, dtype=torch.int64, device=proposals.device)
+                            for level, n in enumerate(num_anchors_per_level)]).reshape(1, -1).expand_as(objectness)
+        top_n_idx = self._get_top_n_idx(objectness, num_anchors_per_level)
+        batch_idx = torch.arange(num_images, device=proposals.device)[:, None]
+        objectness, levels = objectness[batch_idx, top_n_idx], levels[batch_idx, top_n_idx]
+        proposals = proposals[batch_idx, top_n_idx]
+        final_boxes, final_scores = [], []
+        for boxes, scores, level, shape in zip(proposals, torch.sigmoid(objectness), levels, image_shapes):
+            boxes = clip_boxes_to_image(boxes, shape)
+            keep = remove_small_boxes(boxes, self.min_size)
+            boxes, scores, level = boxes[keep], scores[keep], level[keep]
+            keep = torch.where(scores >= self.score_thresh)[0]
+            boxes, scores, level = boxes[keep], scores[keep], level[keep]
+            keep = first_nms_survivors(boxes, scores, level, self.nms_thresh, self.post_nms_top_n())
+            final_boxes.append(boxes[keep])
+            final_scores.append(scores[keep])
+        return final_boxes, final_scores
+
+
+class LegacyRegionProposalNetwork(TopProposalsRPN):
     """torchvision's RPN with py-faster-rcnn's proposal layer: decode (legacy), clip to [0, W-1], drop
     proposals with a side (+1) under rpn_min_size original-image pixels, take the pre-NMS top-n by
     objectness, NMS with +1 areas, keep the post-NMS top-n. Training losses are torchvision's."""
@@ -235,8 +297,8 @@ class LegacyRegionProposalNetwork(RegionProposalNetwork):
             boxes, logits = boxes[keep], logits[keep]
             order = torch.sort(logits, descending=True, stable=True).indices[: self.pre_nms_top_n()]
             boxes, logits = boxes[order], logits[order]
-            keep = batched_nms(inclusive_corners(boxes), logits, torch.zeros_like(order), self.nms_thresh)
-            keep = keep[: self.post_nms_top_n()]
+            keep = first_nms_survivors(inclusive_corners(boxes), logits, torch.zeros_like(order), self.nms_thresh,
+                                       self.post_nms_top_n())
             final_boxes.append(boxes[keep])
             final_scores.append(torch.sigmoid(logits[keep]))
         return final_boxes, final_scores
@@ -455,16 +517,13 @@ def build_detector(cfg: Mapping[str, Any], num_classes: int) -> FasterRCNN:
     if roi_pooler == "roi_pool":
         model.roi_heads.box_roi_pool = SingleMapRoIPool()
     if box_coding == "caffe_legacy":
-        rpn = model.rpn
-        model.rpn = LegacyRegionProposalNetwork(
-            rpn.anchor_generator, rpn.head, rpn.proposal_matcher.high_threshold, rpn.proposal_matcher.low_threshold,
-            rpn.fg_bg_sampler.batch_size_per_image, rpn.fg_bg_sampler.positive_fraction,
-            rpn._pre_nms_top_n, rpn._post_nms_top_n, rpn.nms_thresh,
-            min_size_original=float(cfg.get("rpn_min_size", 0.0)))
+        model.rpn = LegacyRegionProposalNetwork.like(model.rpn, min_size_original=float(cfg.get("rpn_min_size", 0.0)))
         model.rpn.box_coder = LegacyBoxCoder((1.0, 1.0, 1.0, 1.0))
         model.roi_heads.box_coder = LegacyBoxCoder(box_reg_weights)
     elif "rpn_min_size" in cfg:
         raise ValueError("detector.rpn_min_size applies with box_coding: caffe_legacy only")
+    else:
+        model.rpn = TopProposalsRPN.like(model.rpn)
     if cfg.get("num_attributes") is not None:
         model.roi_heads = AttributeRoIHeads(
             model.roi_heads, AttributePredictor(head_out, num_classes + 1, int(cfg["num_attributes"])),
