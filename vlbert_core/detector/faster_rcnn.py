@@ -208,9 +208,10 @@ def first_nms_survivors(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_thresho
     """batched_nms(boxes, scores, idxs, iou_threshold)[:k], without the NMS over every box.
 
     Greedy NMS keeps or drops a box by the boxes scored above it alone, so the k best survivors are found
-    among the best-scored boxes: NMS runs on the top 2k boxes (then 4k, ...) until k of them survive. An RPN keeps 300 of its 2,000 pre-NMS proposals in training (100
-    of 1,000 at test time); NMS over all of them, serial on the CPU, was a quarter of a detector training
-    step at the default config (docs/benchmarks.md, "Default run profile").
+    among the best-scored boxes: NMS runs on the top 2k boxes (then 4k, ...) until k of them survive. An
+    RPN keeps 300 of its 2,000 pre-NMS proposals in training (100 of 1,000 at test time); NMS over all of
+    them, serial on the CPU, was a quarter of a detector training step at the default config
+    (docs/benchmarks.md, "What 1,200 s took").
 
     Survivors of equal score come in index order. (batched_nms sorts its survivors again when it has more
     than 1,000 boxes on the CPU, with a sort that leaves the order of equal scores unspecified.)
