@@ -286,6 +286,13 @@ def write_csv(rows: list[dict], header: list[str], path: Path) -> None:
             writer.writerow({k: _csv_cell(row.get(k, "")) for k in header})
 
 
+def write_csv_and_markdown(rows: list[dict], header: list[str], csv_path: Path, markdown: str) -> None:
+    """A table's CSV and its Markdown twin beside it (.md), each written whole or not at all."""
+    write_csv(rows, header, csv_path)
+    with atomic_path(csv_path.with_suffix(".md")) as tmp:
+        tmp.write_text(markdown, encoding="utf-8")
+
+
 def _csv_cell(value) -> str:
     # repr of a float round-trips exactly, so a test can compare a cell with its JSON value.
     return repr(value) if isinstance(value, float) else str(value)
@@ -369,9 +376,7 @@ def write_tables(results_dir: str | Path, tables_dir: str | Path, settings: list
     for spec in table_specs().values():
         rows = build_table(spec, results_dir, settings, dataset, describe_model(model_cfg), released_from)
         csv_path = tables_dir / f"{spec.name}.csv"
-        write_csv(rows, table_header(spec), csv_path)
-        with atomic_path(tables_dir / f"{spec.name}.md") as tmp:
-            tmp.write_text(markdown_table(spec, rows, dataset), encoding="utf-8")
+        write_csv_and_markdown(rows, table_header(spec), csv_path, markdown_table(spec, rows, dataset))
         log.info("wrote %s (%d rows)", csv_path, len(rows))
         written[spec.name] = csv_path
     return written

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vlbert_core.stats import mean_std
-from vlbert_core.utils import atomic_path, get_logger
+from vlbert_core.utils import get_logger
 
 from .build import (
     ABLATION_TABLE,
@@ -31,7 +31,7 @@ from .build import (
     read_eval,
     switch_cells,
     table_specs,
-    write_csv,
+    write_csv_and_markdown,
 )
 
 log = get_logger(__name__)
@@ -178,8 +178,6 @@ def write_seed_table(results_dir: str | Path, tables_dir: str | Path, seeds: lis
     """Write results/tables/table4_seeds.csv and its Markdown twin; return the CSV path."""
     rows = seed_table_rows(results_dir, seeds, default_seed, settings)
     csv_path = Path(tables_dir) / f"{SEED_TABLE}.csv"
-    write_csv(rows, seed_table_header(), csv_path)
-    with atomic_path(csv_path.with_suffix(".md")) as tmp:
-        tmp.write_text(seed_table_markdown(rows, dataset), encoding="utf-8")
+    write_csv_and_markdown(rows, seed_table_header(), csv_path, seed_table_markdown(rows, dataset))
     log.info("wrote %s (%d settings x %d seeds)", csv_path, len(rows), len(seeds))
     return csv_path

@@ -14,6 +14,10 @@ from vlbert_core.pretrain.settings import RELEASED_SETTING
 from vlbert_core.tables import table_specs
 from vlbert_core.tables.build import outcome_paths
 from vlbert_core.tables.seeds import check_seeds, seed_eval_paths
+from vlbert_core.tables.finetune_seeds import (
+    check_finetune_seeds,
+    finetune_seed_eval_paths,
+)
 from snakemake.io import flag
 from vlbert_core.tasks.custom import CustomSpec
 
@@ -83,6 +87,7 @@ wildcard_constraints:
     finetune_task="|".join(FINETUNE_TASKS),
     eval_task="|".join(EVAL_TASKS),
     seed=r"\d+",
+    fseed=r"\d+",
 
 
 def pretrain_resources():
@@ -314,18 +319,21 @@ def conversion_inputs(entry):
 # Table 4 over training seeds (config/seeds.yaml, workflow/rules/seeds.smk): each seed's pre-training,
 # fine-tuning and evals under results/seeds/<seed>/; the config's own seed is the default run.
 SEED_DIR = "results/seeds/{seed}/"
+# The default run's comparison over fine-tuning seeds: the config seed's pre-trained models fine-tuned
+# again, under results/finetune_seeds/<fseed>/.
+FINETUNE_SEED_DIR = "results/finetune_seeds/{fseed}/"
 
 
-def seeded_outputs(rule):
-    """A rule's named outputs moved under results/seeds/{seed}/, flags (directory, temp) kept, so
-    a seeded copy of the rule writes what the rule writes."""
+def seeded_outputs(rule, seed_dir=SEED_DIR):
+    """A rule's named outputs moved under `seed_dir` (results/seeds/{seed}/), flags (directory, temp)
+    kept, so a seeded copy of the rule writes what the rule writes."""
     outputs = rule.rule.output
     named = dict(outputs.items())
     if len(named) != len(outputs):
         raise ValueError(f"the seeded copy of {rule.name} needs every output named")
     seeded = {}
     for name, path in named.items():
-        seeded[name] = f"{SEED_DIR}{str(path).removeprefix('results/')}"
+        seeded[name] = f"{seed_dir}{str(path).removeprefix('results/')}"
         for key, value in path.flags.items():
             seeded[name] = flag(seeded[name], key, value)
     return seeded
@@ -349,6 +357,20 @@ def seed_finetune_predictions(wildcards):
     task = eval_to_finetune_task(wildcards.eval_task)
     run = f"{task}/{wildcards.setting}/{wildcards.schedule}"
     return f"results/seeds/{wildcards.seed}/finetune/{run}/predictions.json"
+
+
+def finetune_seed_predictions(wildcards):
+    task = eval_to_finetune_task(wildcards.eval_task)
+    run = f"{task}/{wildcards.setting}/{wildcards.schedule}"
+    return f"results/finetune_seeds/{wildcards.fseed}/finetune/{run}/predictions.json"
+
+
+def finetune_seed_table_evals(wildcards):
+    """The eval JSONs of the comparison over fine-tuning seeds (config `finetune_seeds`; the config's
+    seed: results/)."""
+    check_finetune_seeds(config["finetune_seeds"], PAPER_TABLE_SETTINGS)
+    args = ("results", config["finetune_seeds"], config["seed"], PAPER_TABLE_SETTINGS)
+    return [str(path) for path in finetune_seed_eval_paths(*args)]
 
 
 def seed_table_evals(wildcards):

@@ -60,3 +60,53 @@ rule table4_seeds:
         dataset=config["dataset"],
     script:
         "../scripts/table4_seeds.py"
+
+
+# The default run's comparison over fine-tuning seeds (config `finetune_seeds`): the pre-trained models
+# of results/pretrain/ fine-tuned again with each seed, under results/finetune_seeds/{fseed}/.
+
+
+use rule finetune as finetune_fseed with:
+    output:
+        **seeded_outputs(rules.finetune, FINETUNE_SEED_DIR),
+    log:
+        "logs/finetune_seeds/{fseed}/finetune/{finetune_task}/{setting}/{schedule}.log",
+    benchmark:
+        "benchmarks/rules/finetune_seeds/{fseed}/finetune/{finetune_task}/{setting}/{schedule}.tsv"
+    params:
+        seed=lambda wc: int(wc.fseed),
+
+
+use rule evaluate as evaluate_fseed with:
+    input:
+        **inputs_with(rules.evaluate, predictions=finetune_seed_predictions),
+    output:
+        **seeded_outputs(rules.evaluate, FINETUNE_SEED_DIR),
+    log:
+        "logs/finetune_seeds/{fseed}/evaluate/{eval_task}/{setting}/{schedule}/{split}.log",
+    benchmark:
+        "benchmarks/rules/finetune_seeds/{fseed}/evaluate/{eval_task}/{setting}/{schedule}/{split}.tsv"
+
+
+rule finetune_seeds_table:
+    input:
+        finetune_seed_table_evals,
+    output:
+        csv="results/tables/finetune_seeds.csv",
+        md="results/tables/finetune_seeds.md",
+    log:
+        "logs/finetune_seeds_table.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
+    params:
+        code=code("finetune_seeds_table"),
+        seeds=config["finetune_seeds"],
+        default_seed=config["seed"],
+        settings=PAPER_TABLE_SETTINGS,
+        dataset=config["dataset"],
+    script:
+        "../scripts/finetune_seeds_table.py"

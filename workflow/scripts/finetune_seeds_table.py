@@ -1,0 +1,17 @@
+"""Rule `finetune_seeds_table`: the default run's comparison over fine-tuning seeds, CSV + Markdown."""
+
+from pathlib import Path
+
+from vlbert_core.tables.finetune_seeds import write_finetune_seed_table
+from vlbert_core.utils import setup_logging
+
+
+def main(smk):
+    setup_logging(smk.log[0])
+    tables_dir = Path(smk.output.csv).parent  # results/tables/
+    write_finetune_seed_table(tables_dir.parent, tables_dir, smk.params.seeds, smk.params.default_seed,
+                              smk.params.settings, smk.params.dataset)
+
+
+if __name__ == "__main__":
+    main(snakemake)  # noqa: F821
