@@ -32,20 +32,19 @@ from .build import (
     table_specs,
     write_csv_and_markdown,
 )
+from .seeds import MIN_SEEDS, seed_results_dir
 
 log = get_logger(__name__)
 
 FINETUNE_SEED_TABLE = "finetune_seeds"
 SCHEDULE = "full"  # Tables 1-3's schedule: the one issue #19's default-run target reads
-MIN_SEEDS = 3
 SIGNIFICANT = 0.05
 
 
 def finetune_seed_dir(results_dir: str | Path, seed: int, default_seed: int) -> Path:
     """Where one fine-tuning seed's fine-tunings and evals live: the default run's results for the
     config's seed (they are the same jobs), results/finetune_seeds/<seed>/ for any other."""
-    results_dir = Path(results_dir)
-    return results_dir if seed == default_seed else results_dir / "finetune_seeds" / str(seed)
+    return seed_results_dir(results_dir, seed, default_seed, kind=FINETUNE_SEED_TABLE)
 
 
 def check_finetune_seeds(seeds: list[int], settings: list[str]) -> None:

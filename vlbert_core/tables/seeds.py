@@ -102,11 +102,12 @@ def claims_markdown(checked: list[dict]) -> list[str]:
     return lines
 
 
-def seed_results_dir(results_dir: str | Path, seed: int, default_seed: int) -> Path:
-    """Where one seed's pre-training, fine-tuning and evals live: the default run's results for
-    the config's seed (they are the same jobs), results/seeds/<seed>/ for any other."""
+def seed_results_dir(results_dir: str | Path, seed: int, default_seed: int, kind: str = "seeds") -> Path:
+    """Where one seed's runs live: the default run's results for the config's seed (they are the same
+    jobs), results/<kind>/<seed>/ for any other (kind `seeds`: pre-training, fine-tuning and evals;
+    `finetune_seeds`: fine-tuning and evals, vlbert_core.tables.finetune_seeds)."""
     results_dir = Path(results_dir)
-    return results_dir if seed == default_seed else results_dir / "seeds" / str(seed)
+    return results_dir if seed == default_seed else results_dir / kind / str(seed)
 
 
 def seed_eval_paths(results_dir: str | Path, seeds: list[int], default_seed: int,
