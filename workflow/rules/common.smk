@@ -353,16 +353,17 @@ def seed_pretrained_model(wildcards):
     return f"results/seeds/{wildcards.seed}/pretrain/{setting}/model.safetensors"
 
 
-def seed_finetune_predictions(wildcards):
-    task = eval_to_finetune_task(wildcards.eval_task)
-    run = f"{task}/{wildcards.setting}/{wildcards.schedule}"
-    return f"results/seeds/{wildcards.seed}/finetune/{run}/predictions.json"
+def seeded_finetune_predictions(seed_dir):
+    """Input function of a seeded eval job under `seed_dir`: the predictions of its seeded fine-tune job."""
 
+    def predictions(wildcards):
+        task = eval_to_finetune_task(wildcards.eval_task)
+        path = finetune_predictions(task, wildcards.setting, wildcards.schedule)
+        return seed_dir.format(**dict(wildcards.items())) + path.removeprefix(
+            "results/"
+        )
 
-def finetune_seed_predictions(wildcards):
-    task = eval_to_finetune_task(wildcards.eval_task)
-    run = f"{task}/{wildcards.setting}/{wildcards.schedule}"
-    return f"results/finetune_seeds/{wildcards.fseed}/finetune/{run}/predictions.json"
+    return predictions
 
 
 def finetune_seed_table_evals(wildcards):

@@ -29,7 +29,7 @@ use rule finetune as finetune_seed with:
 
 use rule evaluate as evaluate_seed with:
     input:
-        **inputs_with(rules.evaluate, predictions=seed_finetune_predictions),
+        **inputs_with(rules.evaluate, predictions=seeded_finetune_predictions(SEED_DIR)),
     output:
         **seeded_outputs(rules.evaluate),
     log:
@@ -79,7 +79,9 @@ use rule finetune as finetune_fseed with:
 
 use rule evaluate as evaluate_fseed with:
     input:
-        **inputs_with(rules.evaluate, predictions=finetune_seed_predictions),
+        **inputs_with(
+            rules.evaluate, predictions=seeded_finetune_predictions(FINETUNE_SEED_DIR)
+        ),
     output:
         **seeded_outputs(rules.evaluate, FINETUNE_SEED_DIR),
     log:
