@@ -207,7 +207,7 @@ def run_box_probes(run: Run, max_images: int = BOX_PROBE_IMAGES) -> dict:
     """Per annotated object of the detector's val (then train) images: its colour, size and class
     from its ground-truth box's features at each depth of the frozen visual network."""
     model = run.fresh_model().eval()
-    images = ImageLoader(int(run.config["model"]["image_max_side"]), pixel_format=visual_pixel_format(run.vlbert_config))
+    images = ImageLoader.from_settings(run.config["model"], visual_pixel_format(run.vlbert_config))
     sources = run.config["sources"]["detector"]
     colour_of = {c: i for i, c in enumerate(COLOUR_NAMES)}
     size_of = {s: i for i, s in enumerate(SIZE_NAMES)}

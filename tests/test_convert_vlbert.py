@@ -232,10 +232,11 @@ def test_caffe_bgr_mean_convention_on_a_known_pixel(e2e):
 
 
 def test_geometry_matches_released_coordinate_embedding(e2e):
-    """common/utils/bbox.py coordinate_embeddings(boxes, 256) of one box, written out by hand."""
+    """common/utils/bbox.py coordinate_embeddings(boxes, 256) of one box, written out by hand: the box is
+    divided by im_info's width and height (the image's), not by box 0's corner."""
     _, model, _ = e2e
     width, height = 640.0, 480.0
-    box = torch.tensor([[0.0, 0.0, width, height], [64.0, 48.0, 320.0, 240.0]])
+    box = torch.tensor([[0.0, 0.0, width - 1, height - 1], [64.0, 48.0, 320.0, 240.0]])
     x1, y1, x2, y2 = box[1]
     pos = torch.tensor([(x1 + x2) / 2 / width, (y1 + y2) / 2 / height, (x2 - x1) / width, (y2 - y1) / height]) * 100
     dim_mat = 1000 ** (torch.arange(256, dtype=torch.float32) / 256)
@@ -245,7 +246,7 @@ def test_geometry_matches_released_coordinate_embedding(e2e):
     appearance = torch.zeros(1, 2, 2048)
     linear = feature.linear
     with torch.no_grad():
-        out = feature(box[None], appearance)
+        out = feature(box[None], appearance, torch.tensor([[width, height]]))
     expected_out = F.relu(torch.cat([expected, torch.zeros(2048)]) @ linear.weight.T + linear.bias)
     torch.testing.assert_close(out[0, 1], expected_out, rtol=1e-4, atol=1e-4)
 
@@ -279,7 +280,9 @@ def test_prec_checkpoint_needs_and_takes_the_resnet():
     converted = convert_vlbert_state(_small_source(), source_name="prec", visual=resnet, visual_name="rn")
     assert torch.equal(converted.state["visual_network.head.layer4.0.conv2.weight"], resnet["layer4.0.conv2.weight"])
     assert converted.config.visual_backbone["stem_pool"] == "caffe"
-    assert "object_mask_visual_embedding.weight" in converted.report.dropped
+    # the masked RoI's feature of the "prec" models is kept, and used (masked_roi_input: feature)
+    assert converted.report.mapped["object_mask_visual_embedding.weight"] == "embeddings.visual_feature.masked_appearance"
+    assert converted.config.masked_roi_input == "feature"
 
 
 @pytest.mark.parametrize("case, message", [

@@ -80,12 +80,16 @@ def test_text_only_layout():
         build_input_sequence([7], None, 0, cls_id=CLS, sep_id=SEP, pad_id=PAD)
 
 
-def test_boxes_with_whole_image_prepends_and_truncates():
+def test_boxes_with_whole_image_prepends_truncates_and_clamps_as_released():
     boxes = np.arange(20, dtype=np.float32).reshape(5, 4)
-    out = boxes_with_whole_image(boxes, 64, 48, max_rois=4)
-    np.testing.assert_array_equal(out[0], [0, 0, 64, 48])
+    # an image of 32 x 24 shown at 64 x 48: box 0 is [0, 0, W0 - 1, H0 - 1] x 2 (conceptual_captions.py)
+    out = boxes_with_whole_image(boxes, (64, 48), (32, 24), max_rois=4)
+    np.testing.assert_array_equal(out[0], [0, 0, 62, 46])
     np.testing.assert_array_equal(out[1:], boxes[:3])
-    assert boxes_with_whole_image(boxes[:1], 10, 10, 20).shape == (2, 4)
+    assert boxes_with_whole_image(boxes[:1], (10, 10), (10, 10), 20).shape == (2, 4)
+    # shrunk 2000 x 1000 -> 1000 x 500: 1999 x 0.5 = 999.5 is clamped to W - 1; so is every box
+    out = boxes_with_whole_image(np.array([[-3.0, 2.0, 1200.0, 600.0]]), (1000, 500), (2000, 1000), max_rois=5)
+    np.testing.assert_array_equal(out, [[0, 0, 999, 499], [0, 2, 999, 499]])
 
 
 def test_collate_mixed_batch_and_validation():
@@ -151,12 +155,13 @@ def test_masked_roi_pixels_do_not_leak():
     assert not torch.allclose(unmasked.sequence_output, ref.sequence_output)
 
 
-def test_mask_roi_pixels_covers_fractional_boxes_only():
+def test_mask_roi_pixels_covers_int_x1_to_int_x2_inclusive_as_released():
+    """conceptual_captions.py: image[:, int(y1):(int(y2)+1), int(x1):(int(x2)+1)] = 0."""
     images = torch.ones(1, 1, 6, 8)
-    boxes = torch.tensor([[[0, 0, 8, 6], [1.5, 2.2, 3.1, 4.0]]])
+    boxes = torch.tensor([[[0, 0, 7, 5], [1.5, 2.2, 3.1, 4.0]]])
     out = mask_roi_pixels(images, boxes, torch.tensor([[False, True]]))
     expected = torch.ones(6, 8)
-    expected[2:4, 1:4] = 0
+    expected[2:5, 1:4] = 0
     torch.testing.assert_close(out[0, 0], expected)
     with pytest.raises(ValueError, match="box 0"):
         tiny_model().visual_network(images.expand(1, 3, 6, 8), boxes, torch.ones(1, 2, dtype=torch.bool),
@@ -215,15 +220,16 @@ def test_standardised_appearance_uses_the_measured_statistics(tmp_path):
     feature = standardised.embeddings.visual_feature
     torch.testing.assert_close(feature.appearance_mean, measured.mean(0))
     assert feature.appearance_std[3] == APPEARANCE_STD_FLOOR and torch.all(feature.appearance_std > 0)
-    boxes = torch.tensor([[[0.0, 0.0, 32.0, 32.0], [2.0, 3.0, 12.0, 20.0]]])
+    boxes = torch.tensor([[[0.0, 0.0, 31.0, 31.0], [2.0, 3.0, 12.0, 20.0]]])
+    size = torch.tensor([[32.0, 32.0]])
     appearance = torch.randn(1, 2, 8) * 2.0 + 1.0
     with torch.no_grad():
-        expected = plain.embeddings.visual_feature(boxes, (appearance - measured.mean(0)) / feature.appearance_std)
-        torch.testing.assert_close(feature(boxes, appearance), expected)
+        expected = plain.embeddings.visual_feature(boxes, (appearance - measured.mean(0)) / feature.appearance_std, size)
+        torch.testing.assert_close(feature(boxes, appearance, size), expected)
         # Standardising removes what every box shares: a shift of all features by the measured mean is undone.
         shifted = tiny_model(seed=1, standardise_appearance=True).embeddings.visual_feature
         shifted.set_appearance_statistics(measured + 10.0)
-        torch.testing.assert_close(shifted(boxes, appearance + 10.0), expected)
+        torch.testing.assert_close(shifted(boxes, appearance + 10.0, size), expected)
     # The statistics are part of the saved model.
     standardised.save(tmp_path / "m")
     torch.testing.assert_close(VLBertModel.load(tmp_path / "m").embeddings.visual_feature.appearance_mean,

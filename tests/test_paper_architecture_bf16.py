@@ -33,7 +33,7 @@ def paper_config(tune_frcnn: bool) -> VLBertConfig:
         hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, max_position_embeddings=512,
         layer_norm_eps=1e-12, visual_backbone=backbone, appearance_dim=2048, geometry_dim=2048,
         num_object_classes=NUM_CLASSES, tune_frcnn=tune_frcnn, bert_path=MINILM,
-        geometry_encoding="centre_size", end_visual_term=False, text_only_visual_norm=True, text_only_end=True,
+        geometry_encoding="centre_size", end_visual_term=False, text_only_visual_norm=True, text_only_layout="released",
         roi_sampling_ratio=1,
         roi_cls_layer_norm=False, task_heads="released")
 
@@ -91,8 +91,8 @@ def test_one_pretraining_step_in_bf16(tokenizer):
                         "roi_labels": torch.from_numpy(scores), "relationship": IGNORE_INDEX})
     ids = tokenizer("the story went on for a while and then it ended", add_special_tokens=False)["input_ids"]
     seq = build_input_sequence(ids, None, None, cls_id=tokenizer.cls_token_id, sep_id=tokenizer.sep_token_id,
-                               pad_id=tokenizer.pad_token_id, text_only_end=True)
-    samples.append({"sequence": seq, "mlm_labels": [IGNORE_INDEX, ids[0]] + [IGNORE_INDEX] * (len(seq.input_ids) - 2),
+                               pad_id=tokenizer.pad_token_id, text_only_layout="released")
+    samples.append({"sequence": seq, "mlm_labels": [ids[0]] + [IGNORE_INDEX] * (len(seq.input_ids) - 1),
                     "relationship": IGNORE_INDEX})
     batch = collate_pretrain(samples)
 

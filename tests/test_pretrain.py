@@ -109,8 +109,9 @@ def test_caption_image_stream_joins_rois_and_accounts_for_every_row(world, token
     assert len({s["key"] for s in samples}) == 11 and "s1i5" not in {s["key"] for s in samples}
     assert cc.skipped == {"roi_decode_error": 1}
     s = samples[0]
-    # box 0 is the whole (48 x 32) image; RoIs are rescaled from the 2x RoI frame and cut to max_rois - 1
-    torch.testing.assert_close(s["boxes"][0], torch.tensor([0.0, 0.0, 48.0, 32.0]))
+    # box 0 is the whole (48 x 32) image, [0, 0, W - 1, H - 1]; RoIs are rescaled from the 2x RoI frame, cut to
+    # max_rois - 1 and clamped to the image's last pixel
+    torch.testing.assert_close(s["boxes"][0], torch.tensor([0.0, 0.0, 47.0, 31.0]))
     torch.testing.assert_close(s["boxes"][1:], torch.tensor([[2.0, 2, 20, 20], [25, 5, 45, 30], [5, 15, 30, 31]]))
     assert s["image"].shape == (3, 32, 48)
     seq = s["sequence"]
@@ -211,7 +212,7 @@ def test_held_out_captions_never_reach_pre_training(world, tokenizer):
     held_out = read_held_out_captions(pair_shards_with_rois(world["cc"], world["rois"]), 2, cfg)
     assert [h["key"] for h in held_out] == ["s0i0", "s0i1", "s1i0", "s1i1"]
     assert held_out[1]["caption"] == "a green box beside a box" and held_out[0]["image"].shape == (3, 32, 48)
-    torch.testing.assert_close(held_out[0]["boxes"][0], torch.tensor([0.0, 0.0, 48.0, 32.0]))
+    torch.testing.assert_close(held_out[0]["boxes"][0], torch.tensor([0.0, 0.0, 47.0, 31.0]))
 
 
 def test_strided_word_variants_mask_every_word_once(tokenizer):

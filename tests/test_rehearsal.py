@@ -13,7 +13,7 @@ REHEARSAL = REPO / "config" / "rehearsal.yaml"
 # the released architecture's model options, which the rehearsal must share with config/paper_base.yaml
 RELEASED_MODEL_KEYS = ["geometry_dim", "frozen_stages", "freeze_bn", "visual_scale_text_init", "visual_scale_object_init",
                        "standardise_appearance", "geometry_encoding", "end_visual_term", "text_only_visual_norm",
-                       "text_only_end", "roi_sampling_ratio", "roi_cls_layer_norm", "visual_head_dilation",
+                       "text_only_layout", "masked_roi_input", "roi_sampling_ratio", "roi_cls_layer_norm", "visual_head_dilation",
                        "visual_stem_pool", "task_heads"]
 
 

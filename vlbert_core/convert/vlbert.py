@@ -18,13 +18,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from vlbert_core.model.config import VLBertConfig
+from vlbert_core.model.heads import PretrainingHeads, save_pretraining_heads
 from vlbert_core.model.vlbert import VLBertModel
 from vlbert_core.tasks.base import Task
 from vlbert_core.tasks.registry import get_task, registered_tasks
@@ -49,7 +50,7 @@ BERT_HEAD_DIM = 64                  # BERT-BASE 768 / 12 heads, BERT-LARGE 1024 
 RELEASED_BERT = {"hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
                  "layer_norm_eps": 1e-12}
 RELEASED_OPTIONS = {"geometry_encoding": "centre_size", "end_visual_term": False, "text_only_visual_norm": True,
-                    "text_only_end": True,
+                    "text_only_layout": "released",
                     "roi_sampling_ratio": 1, "roi_cls_layer_norm": False, "task_heads": "released",
                     "roi_align_size": 14, "frozen_stages": 2, "freeze_bn": True, "standardise_appearance": False}
 VISUAL_REGION_CLASSES_KEY = "vlbert.mvrc_head.region_cls_pred.weight"
@@ -124,6 +125,8 @@ def body_rules(layout: SourceLayout, target_prefix: str) -> tuple[list[Rule], li
         Rule(r"object_linguistic_embeddings\.weight", t + "embeddings.img_token", _first_row),
         Rule(r"object_mask_word_embedding\.weight", t + "embeddings.masked_roi_token", _first_row),
         Rule(r"aux_text_visual_embedding\.weight", t + "embeddings.text_only_visual", _first_row),
+        # 'prec' models: a masked RoI's precomputed feature is replaced by this vector (masked_roi_input: feature)
+        Rule(r"object_mask_visual_embedding\.weight", t + "embeddings.visual_feature.masked_appearance", _first_row),
         Rule(v + r"word_embeddings\.weight", t + "embeddings.word_embeddings.weight"),
         Rule(v + r"end_embedding\.weight", t + "embeddings.end_token", _first_row),
         Rule(v + r"position_embeddings\.weight", t + "embeddings.position_embeddings.weight"),
@@ -142,20 +145,38 @@ def body_rules(layout: SourceLayout, target_prefix: str) -> tuple[list[Rule], li
         Drop(fe + r"head\.0\..+", "the same stage-5 module registered a second time (released FastRCNN.head = "
                                   "Sequential(roi_head_feature_extractor, AvgPool2d, Flattener)); checked equal to "
                                   "roi_head_feature_extractor.*"),
-        Drop(r"object_mask_visual_embedding\.weight",
-             "replaces a masked RoI's precomputed feature in the 'prec' models; our visual network masks the "
-             "RoI's pixels instead (released e2e: MASK_RAW_PIXELS)"),
         Drop(v + r"mlm_head\.predictions\.decoder\.weight",
              "the MLM decoder is tied to the word embeddings; checked equal to vlbert.word_embeddings.weight"),
-        Drop(v + r"mlm_head\.predictions\.(bias|transform\..+)",
-             "pre-training MLM head: a model directory holds embeddings, visual network and encoder only (as our "
-             "pre-training writes it); fine-tuning adds its task head"),
-        Drop(v + r"mvrc_head\..+", "pre-training masked-RoI classification head (1,601 Visual Genome classes): not "
-                                   "part of a model directory, as above"),
     ]
     aliases = [(fe + r"head\.0\.(.+)", r"image_feature_extractor.roi_head_feature_extractor.\1"),
                (v + r"mlm_head\.predictions\.decoder\.weight", layout.vlbert_prefix + "word_embeddings.weight")]
     return rules, drops, aliases
+
+
+# The pre-training heads of a pre-trained checkpoint -> PretrainingHeads' keys (model/heads.py), kept in the
+# model directory's heads.safetensors: continued pre-training starts from them, and the MLM accuracy of the
+# released model is measured with them.
+HEADS_PREFIX = "heads."
+
+
+def pretraining_head_rules(layout: SourceLayout, relationship: bool) -> tuple[list[Rule], list[Drop]]:
+    """Rules for the pre-training heads; `relationship`: the checkpoint has the relationship head (which
+    reads the pooler; without it a pooler is dropped)."""
+    v = re.escape(layout.vlbert_prefix)
+    h = HEADS_PREFIX
+    rules = [
+        Rule(v + r"mlm_head\.predictions\.transform\.dense\.(weight|bias)", h + r"mlm.transform.dense.\1"),
+        Rule(v + r"mlm_head\.predictions\.transform\.LayerNorm\.(weight|bias)", h + r"mlm.transform.layer_norm.\1"),
+        Rule(v + r"mlm_head\.predictions\.bias", h + "mlm.bias"),
+        Rule(v + r"mvrc_head\.transform\.dense\.(weight|bias)", h + r"roi_cls.transform.dense.\1"),
+        Rule(v + r"mvrc_head\.region_cls_pred\.(weight|bias)", h + r"roi_cls.classifier.\1"),
+    ]
+    if not relationship:
+        return rules, [Drop(v + r"pooler\..+", "a pooler without the relationship head that reads it: nothing uses it")]
+    # sentence-image relationship (WITH_REL_LOSS): a linear layer on the pooler (dense + tanh on [CLS])
+    return rules + [
+        Rule(v + r"relationsip_head\.caption_image_relationship\.(weight|bias)", h + r"relationship.classifier.\1"),
+        Rule(v + r"pooler\.dense\.(weight|bias)", h + r"relationship.pooler.\1")], []
 
 
 def head_rules(layout: SourceLayout, task: str) -> list[Rule]:
@@ -186,7 +207,10 @@ def check_aliases(source: dict[str, torch.Tensor], aliases: list[tuple[str, str]
 
 def build_config(source: dict[str, torch.Tensor], layout: SourceLayout, visual_backbone: dict, bert_path: str,
                  source_name: str) -> VLBertConfig:
-    """Our VLBertConfig of the released model, from the checkpoint's shapes and the released config."""
+    """Our VLBertConfig of the released model, from the checkpoint's shapes and the released config.
+
+    A checkpoint holding `object_mask_visual_embedding` was pre-trained on precomputed features, a masked RoI's
+    feature replaced by that vector ("prec"): masked_roi_input "feature". The e2e ones zero the RoI's pixels."""
     v = layout.vlbert_prefix
 
     def shape_of(key: str) -> tuple[int, ...]:
@@ -214,7 +238,9 @@ def build_config(source: dict[str, torch.Tensor], layout: SourceLayout, visual_b
         max_position_embeddings=int(positions), **RELEASED_BERT,
         visual_backbone=visual_backbone, appearance_dim=2048, geometry_dim=GEOMETRY_DIM,
         num_object_classes=int(region_classes.shape[0]) if region_classes is not None else 1601,
-        tune_frcnn=False, bert_path=bert_path, **RELEASED_OPTIONS)
+        tune_frcnn=False, bert_path=bert_path,
+        masked_roi_input="feature" if "object_mask_visual_embedding.weight" in source else "pixels",
+        **RELEASED_OPTIONS)
 
 
 def _visual_from_resnet(visual: dict[str, torch.Tensor] | None, visual_name: str,
@@ -241,6 +267,13 @@ class Converted:
     layout: SourceLayout
     state: dict[str, torch.Tensor]      # our keys (prefixed 'vlbert.' for a fine-tuned model)
     report: ConversionReport
+    # a pre-trained checkpoint's pre-training heads, PretrainingHeads keys (mlm.*, roi_cls.*, relationship.*)
+    heads: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def heads_present(self) -> dict[str, bool]:
+        """Which optional heads the checkpoint has: PretrainingHeads' `masked_roi_cls` and `relationship`."""
+        return {"masked_roi_cls": any(k.startswith("roi_cls.") for k in self.heads),
+                "relationship": any(k.startswith("relationship.") for k in self.heads)}
 
 
 def convert_vlbert_state(source: dict[str, torch.Tensor], *, source_name: str, bert_path: str = "",
@@ -279,9 +312,19 @@ def convert_vlbert_state(source: dict[str, torch.Tensor], *, source_name: str, b
     with torch.device("meta"):
         if layout.kind == "pretrained":
             target_model = VLBertModel(config)
+            relationship = any(k.startswith(f"{layout.vlbert_prefix}relationsip_head.") for k in source)
+            heads = PretrainingHeads(
+                config, target_model.word_embeddings(),
+                masked_roi_cls=any(k.startswith(f"{layout.vlbert_prefix}mvrc_head.") for k in source),
+                relationship=relationship)
+            head_shapes = {HEADS_PREFIX + k: tuple(v.shape) for k, v in heads.state_dict().items()}
+            task_rules, head_drops = pretraining_head_rules(layout, relationship)
+            drops = [*drops, *head_drops]
         else:
             target_model = FinetuneModel(task_meta["name"], VLBertModel(config), task_meta)
+            head_shapes = {}
     target_shapes = {k: tuple(v.shape) for k, v in target_model.state_dict().items()}
+    target_shapes.update(head_shapes)
     fill = {prefix + "embeddings.visual_feature.appearance_mean": "z-scoring off (standardise_appearance: false)",
             prefix + "embeddings.visual_feature.appearance_std": "z-scoring off (standardise_appearance: false)"}
     fill.update({prefix + k: visual_reason for k in visual_fill})
@@ -306,7 +349,8 @@ def convert_vlbert_state(source: dict[str, torch.Tensor], *, source_name: str, b
         state[key] = torch.zeros(config.hidden_size)
     for key, value in visual_fill.items():
         state[prefix + key] = value
-    return Converted(config=config, layout=layout, state=state, report=report)
+    heads_state = {k[len(HEADS_PREFIX):]: state.pop(k) for k in list(state) if k.startswith(HEADS_PREFIX)}
+    return Converted(config=config, layout=layout, state=state, report=report, heads=heads_state)
 
 
 def released_vocabularies() -> dict[str, str]:
@@ -337,7 +381,7 @@ def task_meta_for(layout: SourceLayout, task: str | None, *, bert_path: str, voc
         raise ConversionError(f"{source_name}: a fine-tuned checkpoint needs --bert-path (its tokenizer gives [MASK])")
     meta: dict[str, Any] = {"name": task, "setting": "released", "schedule": "released", "schedule_factor": 1.0,
                             "seed": 0, "pretrained": source_name, "tune_frcnn": False, "max_rois": 101,
-                            "image_max_side": 1000, "max_text_len": 64, "batch_size": 64,
+                            "image_max_side": 1000, "image_min_side": 600, "max_text_len": 64, "batch_size": 64,
                             "mask_id": int(load_tokenizer(bert_path).mask_token_id)}
     task_class = get_task(task)
     for key, what in task_class.released_vocabularies:
@@ -391,6 +435,9 @@ def convert_vlbert(in_path: str | os.PathLike, out_dir: str | os.PathLike, *, be
         if meta is None:
             model.load_state_dict(converted.state, strict=True)
             model.save(tmp)
+            heads = PretrainingHeads(converted.config, model.word_embeddings(), **converted.heads_present())
+            heads.load_state_dict(converted.heads, strict=True)
+            save_pretraining_heads(heads, tmp)
         else:
             finetuned = FinetuneModel(meta["name"], model, meta)
             finetuned.load_state_dict(converted.state, strict=True)

@@ -29,6 +29,9 @@ class VLBertBatch:
     box_valid: torch.Tensor | None   # Bool [B, R]
     roi_masked: torch.Tensor | None  # Bool [B, R]
     has_image: torch.Tensor          # Bool [B]
+    # Float [B, 2]: width and height of each sample's image as the model sees it (resized, before padding; the
+    # released im_info[:2]), which the box geometry is normalised by. Zeros for text-only samples.
+    image_size: torch.Tensor | None
 
     def to(self, device) -> "VLBertBatch":
         moved = {f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device))
@@ -53,23 +56,45 @@ class VLBertBatch:
             else:
                 selected[name] = value[rows]
         if not bool(selected["has_image"].any()):
-            for name in ("images", "boxes", "box_valid", "roi_masked"):
+            for name in ("images", "boxes", "box_valid", "roi_masked", "image_size"):
                 selected[name] = None
         return VLBertBatch(**selected)
 
 
-def fit_image(img: Image.Image, max_side: int) -> tuple[Image.Image, float]:
-    """Scale so the longer side is exactly `max_side`, up or down; returns the image and the factor.
+def fitted_size(width: int, height: int, max_side: int, min_side: int | None = None) -> tuple[int, int]:
+    """The (width, height) an image of `width` x `height` is resized to.
 
-    The visual network is initialised from the detector, so it must see objects at the scale the
-    detector was trained at: like the detector's own transform, small images are enlarged too.
-    Boxes in original pixels are multiplied by the same factor.
+    Without `min_side`, the longer side becomes exactly `max_side`, up or down (the detector's own transform,
+    so the visual network sees objects at the scale the detector was trained at). With `min_side`, the
+    released rule (the authors' Resize, SCALES [min_side, max_side]): the shorter side becomes `min_side`
+    unless the longer side would then exceed `max_side`, in which case the shorter side shrinks to fit;
+    sides are truncated to whole pixels as theirs are (400x280 with [600, 1000] -> 857x600).
+    """
+    if min_side is None:
+        scale = max_side / max(width, height)
+        return max(1, round(width * scale)), max(1, round(height * scale))
+    size = min_side
+    short, long = float(min(width, height)), float(max(width, height))
+    if long / short * size > max_side:
+        size = int(max_side * short / long)
+    if (width <= height and width == size) or (height <= width and height == size):
+        return width, height
+    if width < height:
+        return size, int(size * height / width)
+    return int(size * width / height), size
+
+
+def fit_image(img: Image.Image, max_side: int, min_side: int | None = None) -> tuple[Image.Image, tuple[float, float]]:
+    """The image resized to `fitted_size` (bilinear), and the factors (x, y) it was scaled by.
+
+    Boxes in original pixels are multiplied by the same per-axis factors (the new size over the old one,
+    as the authors' Resize computes them).
     """
     w, h = img.size
-    scale = max_side / max(w, h)
-    if scale != 1.0:
-        img = img.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.BILINEAR)
-    return img, scale
+    new_w, new_h = fitted_size(w, h, int(max_side), None if min_side is None else int(min_side))
+    if (new_w, new_h) != (w, h):
+        img = img.resize((new_w, new_h), Image.BILINEAR)
+    return img, (new_w / w, new_h / h)
 
 
 def image_to_tensor(img: Image.Image, pixel_format: str = DEFAULT_PIXEL_FORMAT) -> torch.Tensor:
@@ -127,7 +152,7 @@ def collate_samples(samples: list[dict]) -> VLBertBatch:
     attention_mask = torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]
     has_image = torch.tensor([s.get("image") is not None for s in samples], dtype=torch.bool)
 
-    images = boxes = box_valid = roi_masked = None
+    images = boxes = box_valid = roi_masked = image_size = None
     if bool(has_image.any()):
         image_samples = [s for s in samples if s.get("image") is not None]
         max_h = max(s["image"].shape[1] for s in image_samples)
@@ -137,11 +162,13 @@ def collate_samples(samples: list[dict]) -> VLBertBatch:
         boxes = torch.zeros(len(samples), max_r, 4)
         box_valid = torch.zeros(len(samples), max_r, dtype=torch.bool)
         roi_masked = torch.zeros(len(samples), max_r, dtype=torch.bool)
+        image_size = torch.zeros(len(samples), 2)
         for i, sample in enumerate(samples):
             if sample.get("image") is None:
                 continue
             img, bx = sample["image"], sample["boxes"]
             images[i, :, : img.shape[1], : img.shape[2]] = img
+            image_size[i] = torch.tensor([img.shape[2], img.shape[1]], dtype=torch.float32)
             boxes[i, : bx.shape[0]] = torch.as_tensor(bx, dtype=torch.float32)
             box_valid[i, : bx.shape[0]] = True
             if sample.get("roi_masked") is not None:
@@ -154,4 +181,5 @@ def collate_samples(samples: list[dict]) -> VLBertBatch:
         roi_index=_pad_2d([s.roi_index for s in sequences], 0),
         attention_mask=attention_mask,
         images=images, boxes=boxes, box_valid=box_valid, roi_masked=roi_masked, has_image=has_image,
+        image_size=image_size,
     )

@@ -8,6 +8,8 @@ from typing import Any, Mapping
 
 from vlbert_core.detector.resnet_c4 import ROI_OUTPUT_SIZE, ROI_SAMPLING_RATIO
 
+from .inputs import TEXT_ONLY_LAYOUTS
+
 # Segments: sentence A = 0, sentence B = 1, visual elements and [END] = 2.
 NUM_SEGMENTS = 3
 GEOMETRY_ENCODINGS = ("corners", "centre_size")
@@ -15,8 +17,9 @@ TASK_HEAD_LAYOUTS = ("project", "released")
 SENTENCE_READOUTS = ("cls", "text_mean")
 # model-config keys of the released-architecture options (config/schema.yaml `model:`), with the VLBertConfig
 # field each sets; `build_vlbert_config` copies them.
-RELEASED_OPTION_KEYS = ("geometry_encoding", "end_visual_term", "text_only_visual_norm", "text_only_end",
-                        "roi_sampling_ratio", "roi_cls_layer_norm", "task_heads")
+RELEASED_OPTION_KEYS = ("geometry_encoding", "end_visual_term", "text_only_visual_norm", "text_only_layout",
+                        "masked_roi_input", "roi_sampling_ratio", "roi_cls_layer_norm", "task_heads")
+MASKED_ROI_INPUTS = ("pixels", "feature")
 
 _BERT_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
               "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
@@ -61,8 +64,14 @@ class VLBertConfig:
     # whether a text-only sample's visual vector passes the words' visual LayerNorm (released
     # aux_text_visual_embedding -> visual_ln_text) or is added as it is (ours)
     text_only_visual_norm: bool = False
-    # whether a text-only sample ends with [END] (released: yes, right after its [SEP]) or not (ours)
-    text_only_end: bool = False
+    # how a text-only sample is laid out (model/inputs.py TEXT_ONLY_LAYOUTS): "bert", [CLS] text [SEP] (ours),
+    # or "released", the word pieces then [END] at position id T+1
+    text_only_layout: str = "bert"
+    # how a masked RoI reaches the model in masked RoI classification: "pixels", its pixels zeroed before the
+    # visual network (paper; released e2e MASK_RAW_PIXELS), or "feature", its appearance feature replaced by a
+    # learned vector (VisualFeatureEmbedding.masked_appearance; the released "prec" models, whose RoI features
+    # were precomputed: object_mask_visual_embedding)
+    masked_roi_input: str = "pixels"
     # RoIAlign bilinear samples per bin side (released ROIAlign: sampling_ratio 1)
     roi_sampling_ratio: int = ROI_SAMPLING_RATIO
     # the masked-RoI classification head's transform: dense -> act -> LayerNorm (ours, as BERT's MLM head)
@@ -95,6 +104,12 @@ class VLBertConfig:
         if self.geometry_encoding not in GEOMETRY_ENCODINGS:
             raise ValueError(f"VLBertConfig: geometry_encoding must be one of {GEOMETRY_ENCODINGS}, got "
                              f"{self.geometry_encoding!r}")
+        if self.text_only_layout not in TEXT_ONLY_LAYOUTS:
+            raise ValueError(f"VLBertConfig: text_only_layout must be one of {TEXT_ONLY_LAYOUTS}, got "
+                             f"{self.text_only_layout!r}")
+        if self.masked_roi_input not in MASKED_ROI_INPUTS:
+            raise ValueError(f"VLBertConfig: masked_roi_input must be one of {MASKED_ROI_INPUTS}, got "
+                             f"{self.masked_roi_input!r}")
         if self.task_heads not in TASK_HEAD_LAYOUTS:
             raise ValueError(f"VLBertConfig: task_heads must be one of {TASK_HEAD_LAYOUTS}, got {self.task_heads!r}")
         if self.sentence_readout not in SENTENCE_READOUTS:

@@ -35,7 +35,12 @@ class VisualFeatureEmbedding(nn.Module):
     """[geometry || appearance] -> Dropout -> Linear -> ReLU, one vector per box (released `obj_downsample`).
 
     The geometry embeds the box corners or, with geometry_encoding "centre_size" as released, its centre and
-    size, each divided by the image's width or height.
+    size, each divided by the width or height of the image the box is in (released: im_info, the resized
+    image's size; common/fast_rcnn.py -> common/utils/bbox.py coordinate_embeddings).
+
+    With masked_roi_input "feature" (the released "prec" models), the appearance of a masked RoI is replaced by
+    the learned vector `masked_appearance` (released object_mask_visual_embedding, zero at start) before the
+    projection.
 
     With `standardise_appearance`, each appearance dimension is first z-scored with the mean and standard
     deviation that `set_appearance_statistics` measured on RoI features. Raw features of a small frozen
@@ -51,6 +56,9 @@ class VisualFeatureEmbedding(nn.Module):
         # Buffers, so they are saved with the model and every process and task uses the same numbers.
         self.register_buffer("appearance_mean", torch.zeros(config.appearance_dim))
         self.register_buffer("appearance_std", torch.ones(config.appearance_dim))
+        # Only where masked RoIs reach the model as features: a parameter nothing reads would stall DDP.
+        self.masked_appearance = (nn.Parameter(torch.zeros(config.appearance_dim))
+                                  if config.masked_roi_input == "feature" else None)
         # The released config has Dropout(0.1) here, BERT's hidden dropout: taking the checkpoint's value
         # keeps 0.1 for every BERT and lets a dropout-free config be truly deterministic.
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
@@ -68,16 +76,19 @@ class VisualFeatureEmbedding(nn.Module):
         self.appearance_mean.copy_(features.mean(0))
         self.appearance_std.copy_(features.std(0).clamp(min=APPEARANCE_STD_FLOOR))
 
-    def forward(self, boxes: torch.Tensor, appearance: torch.Tensor) -> torch.Tensor:
-        """boxes [B, R, 4] pixel x1,y1,x2,y2 with box 0 = the whole image; appearance [B, R, D]."""
+    def forward(self, boxes: torch.Tensor, appearance: torch.Tensor, image_size: torch.Tensor,
+                roi_masked: torch.Tensor | None = None) -> torch.Tensor:
+        """boxes [B, R, 4] pixel x1,y1,x2,y2; appearance [B, R, D]; image_size [B, 2] (width, height);
+        roi_masked Bool [B, R] (read with masked_roi_input "feature" only)."""
+        if self.masked_appearance is not None and roi_masked is not None:
+            appearance = torch.where(roi_masked[..., None], self.masked_appearance.to(appearance.dtype), appearance)
         if self.standardise_appearance:
             appearance = (appearance - self.appearance_mean.to(appearance.dtype)) / self.appearance_std.to(appearance.dtype)
-        # Box 0 is [0, 0, W, H], so it carries each image's size; clamp keeps padded samples finite.
-        size = boxes[:, :1, 2:4].clamp(min=1.0)                                                # [B, 1, 2]
-        normalised = boxes / size.repeat(1, 1, 2)
+        # clamp keeps the rows of text-only samples (size 0, no real box) finite
+        size = image_size[:, None, :].to(boxes.dtype).clamp(min=1.0)                            # [B, 1, 2]
         if self.geometry_encoding == "centre_size":
-            corner1, corner2 = normalised[..., :2], normalised[..., 2:]
-            normalised = torch.cat([(corner1 + corner2) / 2, corner2 - corner1], dim=-1)
+            boxes = torch.cat([(boxes[..., :2] + boxes[..., 2:]) / 2, boxes[..., 2:] - boxes[..., :2]], dim=-1)
+        normalised = boxes / size.repeat(1, 1, 2)
         geometry = geometry_embedding(normalised, self.geometry_dim).to(appearance.dtype)
         return self.activation(self.linear(self.dropout(torch.cat([geometry, appearance], dim=-1))))
 
@@ -120,7 +131,7 @@ class VLBertEmbeddings(nn.Module):
     def forward(self, input_ids: torch.Tensor, element_kind: torch.Tensor, segment_ids: torch.Tensor,
                 position_ids: torch.Tensor, roi_index: torch.Tensor, has_image: torch.Tensor,
                 boxes: torch.Tensor | None, roi_features: torch.Tensor | None,
-                roi_masked: torch.Tensor | None) -> torch.Tensor:
+                roi_masked: torch.Tensor | None, image_size: torch.Tensor | None = None) -> torch.Tensor:
         is_img = (element_kind == IMG)[..., None]
         is_text = (element_kind == TEXT)[..., None]
 
@@ -137,14 +148,16 @@ class VLBertEmbeddings(nn.Module):
             text_only_visual = self.visual_norm_text(text_only_visual)
         visual = text_only_visual.expand_as(token)
         if roi_features is not None:
-            per_box = self.visual_feature(boxes, roi_features)                                 # [B, R, H]
+            if image_size is None:
+                raise ValueError("VLBertEmbeddings: RoI features need the image sizes their boxes are in")
+            per_box = self.visual_feature(boxes, roi_features, image_size, roi_masked)           # [B, R, H]
             # Each LayerNorm runs on the boxes, not the elements (an element is its box's vector): [IMG]
-            # elements take their box through visual_norm_object; words and [END] take box 0 (the whole
-            # image) through visual_norm_text.
-            objects = self.visual_norm_object(per_box)
-            index = roi_index[..., None].expand(-1, -1, objects.shape[-1])
-            image_visual = torch.where(is_img, torch.gather(objects, 1, index),
-                                       self.visual_norm_text(per_box[:, :1]))
+            # elements take their box through visual_norm_object; a word takes the box its roi_index names
+            # (box 0, the whole image, unless the word refers to an object: VCR) through visual_norm_text, as
+            # does [END] (box 0).
+            index = roi_index[..., None].expand(-1, -1, per_box.shape[-1])
+            image_visual = torch.where(is_img, torch.gather(self.visual_norm_object(per_box), 1, index),
+                                       torch.gather(self.visual_norm_text(per_box), 1, index))
             visual = torch.where(has_image[:, None, None], image_visual, visual)
         if not self.end_visual_term:
             # released: [END] is its token embedding alone (plus position and segment)

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
 from torch import nn
+
+from vlbert_core.utils import load_safetensors, save_safetensors
 
 from .bert_init import load_bert_mlm_head_state, load_bert_state_dict
 from .config import VLBertConfig
 from .encoder import activation_fn
 from .initialization import INIT_STD, init_new_parameters
+
+# The pre-training heads of a model directory, beside model.safetensors (which holds the model alone): what
+# continued pre-training starts from and what the MLM accuracy of a model is measured with. Keys are
+# PretrainingHeads' own (mlm.*, roi_cls.*, relationship.*); a head the run did not have is absent.
+HEADS_FILE = "heads.safetensors"
+HEAD_NAMES = ("mlm", "roi_cls", "relationship")
 
 
 class PredictionTransform(nn.Module):
@@ -141,3 +152,48 @@ class PretrainingHeads(nn.Module):
         if self.relationship is not None:
             loaded["pooler"] = self.relationship.load_bert_pooler(load_bert_state_dict(spec))
         return loaded
+
+
+def save_pretraining_heads(heads: PretrainingHeads, directory: str | os.PathLike) -> None:
+    """Write `heads` to directory/heads.safetensors (the tied MLM decoder stays with the word embeddings)."""
+    save_safetensors(heads.state_dict(), Path(directory) / HEADS_FILE)
+
+
+def read_pretraining_heads(directory: str | os.PathLike) -> dict[str, dict[str, torch.Tensor]]:
+    """{head name: its state dict} of directory/heads.safetensors, for the heads it holds; {} without the
+    file (a model directory written before heads were saved, or by fine-tuning)."""
+    path = Path(directory) / HEADS_FILE
+    if not path.is_file():
+        return {}
+    heads: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in load_safetensors(path).items():
+        name, _, rest = key.partition(".")
+        if name not in HEAD_NAMES or not rest:
+            raise ValueError(f"{path}: key {key!r} belongs to no pre-training head {HEAD_NAMES}")
+        heads.setdefault(name, {})[rest] = value
+    return heads
+
+
+def load_pretraining_heads(heads: PretrainingHeads, directory: str | os.PathLike) -> dict[str, bool]:
+    """Copy the heads saved in `directory` into `heads` (the heads both have, shapes checked); returns which of
+    `heads`' heads were loaded. A saved head `heads` lacks is left out (its setting does not train it)."""
+    saved = read_pretraining_heads(directory)
+    loaded = {}
+    for name in HEAD_NAMES:
+        module = getattr(heads, name)
+        if module is None:
+            continue
+        state = saved.get(name)
+        loaded[name] = state is not None
+        if state is None:
+            continue
+        own = module.state_dict()
+        if set(own) != set(state):
+            raise ValueError(f"{Path(directory) / HEADS_FILE}: head {name!r} has keys {sorted(state)}, the model's "
+                             f"has {sorted(own)}")
+        for key, value in state.items():
+            if tuple(value.shape) != tuple(own[key].shape):
+                raise ValueError(f"{Path(directory) / HEADS_FILE}: {name}.{key} has shape {tuple(value.shape)}, the "
+                                 f"model's {tuple(own[key].shape)}")
+        module.load_state_dict(state)
+    return loaded

@@ -23,16 +23,33 @@ class InputSequence:
         return len(self.input_ids)
 
 
+# How a <Text, ∅> sample is laid out (VLBertConfig.text_only_layout):
+# "bert": [CLS] text [SEP], BERT's own input, no visual element;
+# "released": the word pieces alone, then [END] (the authors' general_corpus.py gives the ids only, and
+# visual_linguistic_bert.py ends every row with [END] at the position id after the next, even with no object).
+TEXT_ONLY_LAYOUTS = ("bert", "released")
+
+
 def build_input_sequence(ids_a: list[int], ids_b: list[int] | None, num_rois: int | None, *, cls_id: int,
-                         sep_id: int, pad_id: int, text_only_end: bool = False) -> InputSequence:
+                         sep_id: int, pad_id: int, text_only_layout: str = "bert") -> InputSequence:
     """[CLS] A [SEP] (B [SEP])? then num_rois [IMG] elements, then [END].
 
-    num_rois None builds a text-only <Text, ∅> sample (no [IMG]; no [END] either, unless `text_only_end`, as the
-    released code, whose text-only samples end with [END] right after the text); otherwise num_rois counts
-    box 0 (the whole image) and must be >= 1. Segments: A = 0, B = 1, IMG/END = 2. Positions: text
-    0, 1, ...; every [IMG] shares the next id (RoIs are unordered) and [END] takes the one after.
+    num_rois None builds a text-only <Text, ∅> sample, laid out as `text_only_layout` says (TEXT_ONLY_LAYOUTS);
+    otherwise num_rois counts box 0 (the whole image) and must be >= 1. Segments: A = 0, B = 1, IMG/END = 2.
+    Positions: text 0..T-1; every [IMG] shares T (RoIs are unordered) and [END] takes T+1, also when there is
+    no [IMG] (released text-only rows: the authors' [END] position is text_end + 1 whatever the objects).
     """
+    if text_only_layout not in TEXT_ONLY_LAYOUTS:
+        raise ValueError(f"build_input_sequence: text_only_layout must be one of {TEXT_ONLY_LAYOUTS}, "
+                         f"got {text_only_layout!r}")
     ids_a = [int(i) for i in ids_a]
+    if num_rois is None and text_only_layout == "released":
+        if ids_b is not None:
+            raise ValueError("build_input_sequence: a released text-only sample has one text, not a pair")
+        num_text = len(ids_a)
+        return InputSequence(input_ids=[*ids_a, pad_id], element_kind=[TEXT] * num_text + [END],
+                             segment_ids=[SEGMENT_A] * num_text + [SEGMENT_VISUAL],
+                             position_ids=[*range(num_text), num_text + 1], roi_index=[0] * (num_text + 1))
     input_ids = [cls_id, *ids_a, sep_id]
     segment_ids = [SEGMENT_A] * len(input_ids)
     if ids_b is not None:
@@ -51,25 +68,28 @@ def build_input_sequence(ids_a: list[int], ids_b: list[int] | None, num_rois: in
         segment_ids += [SEGMENT_VISUAL] * (num_rois + 1)
         position_ids += [num_text] * num_rois + [num_text + 1]
         roi_index += list(range(num_rois)) + [0]
-    elif text_only_end:
-        input_ids.append(pad_id)
-        element_kind.append(END)
-        segment_ids.append(SEGMENT_VISUAL)
-        position_ids.append(num_text)
-        roi_index.append(0)
     return InputSequence(input_ids=input_ids, element_kind=element_kind, segment_ids=segment_ids,
                          position_ids=position_ids, roi_index=roi_index)
 
 
-def boxes_with_whole_image(boxes: np.ndarray, image_w: float, image_h: float, max_rois: int) -> np.ndarray:
-    """Prepend the whole-image box [0, 0, W, H] and keep the first max_rois - 1 given boxes.
+def boxes_with_whole_image(boxes: np.ndarray, image_size: tuple[int, int], original_size: tuple[int, int],
+                           max_rois: int) -> np.ndarray:
+    """Box 0 (the whole image) followed by the first max_rois - 1 given boxes, all clamped into the image.
 
-    `boxes` (N x 4, x1,y1,x2,y2 in pixels of the image the model sees) must already be sorted by score.
+    `boxes` (N x 4, x1,y1,x2,y2, already scaled to the image the model sees, sorted by score); `image_size`
+    (W, H): that image's size; `original_size` (W0, H0): the size the image had before it was resized. As the
+    authors' datasets do (conceptual_captions.py, vqa.py, refcoco.py), box coordinates are pixel indices:
+    box 0 is [0, 0, W0 - 1, H0 - 1] scaled by (W/W0, H/H0), and every box is clamped to [0, W - 1] x [0, H - 1].
     """
     if max_rois < 1:
         raise ValueError(f"boxes_with_whole_image: max_rois must be >= 1, got {max_rois}")
-    if image_w <= 0 or image_h <= 0:
-        raise ValueError(f"boxes_with_whole_image: image size must be positive, got {image_w}x{image_h}")
+    (width, height), (orig_w, orig_h) = image_size, original_size
+    if min(width, height, orig_w, orig_h) <= 0:
+        raise ValueError(f"boxes_with_whole_image: image sizes must be positive, got {width}x{height} "
+                         f"(original {orig_w}x{orig_h})")
     boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
-    whole = np.array([[0.0, 0.0, float(image_w), float(image_h)]], dtype=np.float32)
-    return np.concatenate([whole, boxes[: max_rois - 1]], axis=0)
+    whole = np.array([[0.0, 0.0, (orig_w - 1.0) * width / orig_w, (orig_h - 1.0) * height / orig_h]], dtype=np.float32)
+    out = np.concatenate([whole, boxes[: max_rois - 1]], axis=0)
+    out[:, 0::2] = out[:, 0::2].clip(0.0, width - 1.0)
+    out[:, 1::2] = out[:, 1::2].clip(0.0, height - 1.0)
+    return out

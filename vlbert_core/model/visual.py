@@ -19,21 +19,20 @@ _STAGE_MODULES = {1: ("body.conv1", "body.bn1"), 2: ("body.layer1",), 3: ("body.
 
 
 def mask_roi_pixels(images: torch.Tensor, boxes: torch.Tensor, roi_masked: torch.Tensor) -> torch.Tensor:
-    """Zero every pixel that overlaps a masked box, so no later feature can see inside it.
+    """Zero every pixel of every masked box, so no later feature can see inside it.
 
-    Zero is taken in the normalised image (the ImageNet mean colour), as the released code does.
+    Zero is taken in the normalised image (the mean colour), as the released code does. Box corners are pixel
+    indices (model/inputs.py boxes_with_whole_image), and a box covers the columns int(x1)..int(x2) and the rows
+    int(y1)..int(y2), both ends included, as the authors' conceptual_captions.py masks it.
     images [B, 3, H, W], boxes [B, R, 4] pixel x1,y1,x2,y2, roi_masked Bool [B, R]. Returns a new tensor.
     """
     _, _, height, width = images.shape
-    # Pixel column x covers [x, x+1): it overlaps [x1, x2) iff floor(x1) <= x < ceil(x2).
-    x1 = boxes[..., 0].floor()[..., None]
-    x2 = boxes[..., 2].ceil()[..., None]
-    y1 = boxes[..., 1].floor()[..., None]
-    y2 = boxes[..., 3].ceil()[..., None]
+    corners = boxes.floor()
+    x1, y1, x2, y2 = (corners[..., i, None] for i in range(4))
     xs = torch.arange(width, device=images.device, dtype=boxes.dtype)
     ys = torch.arange(height, device=images.device, dtype=boxes.dtype)
-    inside_x = ((xs >= x1) & (xs < x2)).to(images.dtype)                                  # [B, R, W]
-    inside_y = ((ys >= y1) & (ys < y2) & roi_masked[..., None]).to(images.dtype)          # [B, R, H]
+    inside_x = ((xs >= x1) & (xs <= x2)).to(images.dtype)                                 # [B, R, W]
+    inside_y = ((ys >= y1) & (ys <= y2) & roi_masked[..., None]).to(images.dtype)         # [B, R, H]
     covered = torch.bmm(inside_y.transpose(1, 2), inside_x) > 0                            # [B, H, W]
     return images.masked_fill(covered[:, None], 0.0)
 

@@ -57,24 +57,27 @@ class VLBertModel(nn.Module):
         """The visual network's RoI features [B, R, appearance_dim] (zeros for text-only samples), or None
         when the batch has no image.
 
+        With masked_roi_input "pixels" the masked RoIs' pixels are zeroed first; with "feature" the network sees
+        the whole image and the embeddings replace the masked RoIs' features (VisualFeatureEmbedding).
         `rows_per_image` > 1: each run of that many consecutive rows shares one image and its boxes (the
         four VCR candidates); the network runs once per image and its features repeat over the run.
         """
+        roi_masked = batch.roi_masked if self.config.masked_roi_input == "pixels" else None
         if rows_per_image > 1:
             if batch.batch_size % rows_per_image:
                 raise ValueError(f"batch of {batch.batch_size} rows is not made of groups of {rows_per_image}")
-            masked = None if batch.roi_masked is None else batch.roi_masked[::rows_per_image]
+            masked = None if roi_masked is None else roi_masked[::rows_per_image]
             features = self.visual_network(batch.images[::rows_per_image], batch.boxes[::rows_per_image],
                                            batch.box_valid[::rows_per_image], masked)
             return features.repeat_interleave(rows_per_image, dim=0)
         roi_features = None
         if batch.images is not None and bool(batch.has_image.any()):
             if bool(batch.has_image.all()):
-                roi_features = self.visual_network(batch.images, batch.boxes, batch.box_valid, batch.roi_masked)
+                roi_features = self.visual_network(batch.images, batch.boxes, batch.box_valid, roi_masked)
             else:
                 # The CNN runs only on the samples that have an image (text-only samples share the batch).
                 idx = batch.has_image.nonzero(as_tuple=True)[0]
-                masked = None if batch.roi_masked is None else batch.roi_masked[idx]
+                masked = None if roi_masked is None else roi_masked[idx]
                 features = self.visual_network(batch.images[idx], batch.boxes[idx], batch.box_valid[idx], masked)
                 roi_features = features.new_zeros(batch.batch_size, *features.shape[1:])
                 roi_features = roi_features.index_copy(0, idx, features)
@@ -94,7 +97,8 @@ class VLBertModel(nn.Module):
             raise ValueError("VLBertModel.encode: precomputed roi_features would bypass the tuned visual network "
                              "(tune_frcnn) in a step that computes gradients")
         embedded = self.embeddings(batch.input_ids, batch.element_kind, batch.segment_ids, batch.position_ids,
-                                   batch.roi_index, batch.has_image, batch.boxes, roi_features, batch.roi_masked)
+                                   batch.roi_index, batch.has_image, batch.boxes, roi_features, batch.roi_masked,
+                                   batch.image_size)
         return VLBertOutput(sequence_output=self.encoder(embedded, batch.attention_mask), roi_features=roi_features)
 
     def forward(self, batch: VLBertBatch, roi_features: torch.Tensor | None = None,

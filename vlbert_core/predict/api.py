@@ -94,7 +94,7 @@ class Predictor:
         self.model.to(device)
         config = self.model.vlbert.config
         self.tokens = Tokens(load_tokenizer(config.bert_path))
-        self.images = ImageLoader(int(self.meta["image_max_side"]), pixel_format=visual_pixel_format(config))
+        self.images = ImageLoader.from_settings(self.meta, visual_pixel_format(config))
 
     # ---- images ----------------------------------------------------------------------------------
 

@@ -41,6 +41,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--text-shards", nargs="*", default=[], help="text tars (settings d and full)")
     parser.add_argument("--detector", required=True, help="the detector checkpoint (results/detector/model.pt)")
     parser.add_argument("--out", required=True, type=Path, help="output directory (results/pretrain/{setting})")
+    parser.add_argument("--init-from", default=None,
+                        help="continue pre-training this model directory, its pre-training heads included (ours, or "
+                             "a released VL-BERT converted with `python -m vlbert_core.convert vl-bert`), instead "
+                             "of starting from BERT and the detector")
     parser.add_argument("--device", help="cpu or cuda (default: the config's `device`)")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads per process (default: cores / processes on this node)")
@@ -68,7 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
     return pretrain(setting=args.setting, cc_shards=args.cc_shards, roi_parquets=args.roi_parquets,
                     text_shards=args.text_shards, detector_path=args.detector, model_cfg=dict(config["model"]),
                     pretrain_cfg=pretrain_cfg, out_dir=str(args.out), seed=int(config["seed"]),
-                    device=args.device or str(config.get("device", "cpu")))
+                    device=args.device or str(config.get("device", "cpu")), init_from=args.init_from)
 
 
 if __name__ == "__main__":

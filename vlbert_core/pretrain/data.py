@@ -108,7 +108,7 @@ def sample_rng(seed: int, stream: int, source: int, epoch: int, index: int, sub:
 @dataclass
 class StreamConfig:
     max_caption_len: int      # whole sequence budget of a caption: tokens + [CLS] + [SEP]
-    max_text_len: int         # whole length of a <Text, ∅> sample incl. [CLS] and [SEP]
+    max_text_len: int         # word pieces of a <Text, ∅> sample, plus [CLS] and [SEP] in the "bert" layout
     max_rois: int             # boxes per image incl. the whole-image box
     image_max_side: int
     seed: int
@@ -116,7 +116,8 @@ class StreamConfig:
     num_streams: int = 1      # S = world size x streams per rank
     held_out_per_shard: int = 0  # first samples of every CC shard kept out of pre-training
     pixel_format: str = DEFAULT_PIXEL_FORMAT   # what the visual network's weights expect (detector/pixels.py)
-    text_only_end: bool = False   # <Text, ∅> samples end with [END] (VLBertConfig.text_only_end), within max_text_len
+    text_only_layout: str = "bert"  # how a <Text, ∅> sample is laid out (VLBertConfig.text_only_layout)
+    image_min_side: int | None = None  # the released SCALES[0] (model/batch.py fitted_size)
 
 
 def _stream_shards(shards: list, stream: int, num_streams: int, what: str) -> list:
@@ -153,9 +154,10 @@ def _epoch_pipeline(urls: list[str], seed: int, stream: int, source: int, epoch:
 
 
 def decode_cc_sample(raw: dict, rois: RoIRecord, image_max_side: int, max_rois: int,
-                     pixel_format: str = DEFAULT_PIXEL_FORMAT) -> dict:
-    """The caption, the image (fitted to image_max_side, normalised as `pixel_format`) and its boxes (box 0 =
-    whole image) with their class scores (a zero row for box 0), from one raw CC sample and its RoI row."""
+                     pixel_format: str = DEFAULT_PIXEL_FORMAT, image_min_side: int | None = None) -> dict:
+    """The caption, the image (fitted to image_max_side / image_min_side, normalised as `pixel_format`) and its
+    boxes (box 0 = whole image) with their class scores (a zero row for box 0), from one raw CC sample and its
+    RoI row."""
     image_field = next(ext for ext in IMAGE_EXTENSIONS if ext in raw)
     try:
         with Image.open(io.BytesIO(raw[image_field])) as decoded:
@@ -163,11 +165,12 @@ def decode_cc_sample(raw: dict, rois: RoIRecord, image_max_side: int, max_rois: 
     except OSError as exc:
         raise ValueError(f"CC shard {raw.get('__url__')} sample {raw.get('__key__')!r}: image does not decode: "
                          f"{exc}") from exc
-    img, _ = fit_image(img, image_max_side)
+    original = img.size
+    img, _ = fit_image(img, image_max_side, image_min_side)
     width, height = img.size
+    # the RoIs are in pixels of the image the detector saw (rois.image_w x image_h)
     scale = np.array([width / rois.image_w, height / rois.image_h] * 2, dtype=np.float32)
-    limits = np.array([width, height, width, height], dtype=np.float32)
-    boxes = boxes_with_whole_image(np.clip(rois.boxes * scale, 0.0, limits), width, height, max_rois)
+    boxes = boxes_with_whole_image(rois.boxes * scale, (width, height), original, max_rois)
     class_scores = np.concatenate([np.zeros((1, rois.class_scores.shape[1]), np.float32), rois.class_scores])
     return {"key": raw.get("__key__"), "caption": raw["txt"].decode("utf-8").strip(), "image": image_to_tensor(img, pixel_format),
             "boxes": torch.from_numpy(boxes), "class_scores": class_scores[: boxes.shape[0]]}
@@ -189,7 +192,8 @@ def read_cc_samples(shard_pairs: list[tuple[str, str]], first: int, stop: int, c
                 break
             rois = entries.get(raw.get("__key__"))
             if position >= first and rois is not None and _has_image_and_caption(raw):
-                samples.append(decode_cc_sample(raw, rois, cfg.image_max_side, cfg.max_rois, cfg.pixel_format))
+                samples.append(decode_cc_sample(raw, rois, cfg.image_max_side, cfg.max_rois, cfg.pixel_format,
+                                                cfg.image_min_side))
     return samples
 
 
@@ -279,7 +283,7 @@ class CaptionImageStream:
             self.skipped[f"roi_{failures[key]}" if key in failures else "no_roi_row"] += 1
             return None
         decoded = decode_cc_sample(raw, rois, self.cfg.image_max_side, self.cfg.max_rois,
-                                       self.cfg.pixel_format)
+                                   self.cfg.pixel_format, self.cfg.image_min_side)
         caption, boxes = decoded["caption"], decoded["boxes"]
         rng = sample_rng(self.cfg.seed, self.cfg.stream, _SOURCE_CC, self.epoch, index)
 
@@ -344,7 +348,9 @@ class TextStream:
             self.skipped["empty_document"] += 1
             return []
         line_ids = self.tokenizer(lines, add_special_tokens=False)["input_ids"]
-        special = 3 if self.cfg.text_only_end else 2   # [CLS], [SEP] (and [END])
+        # "bert": [CLS] and [SEP] count in max_text_len; "released": the word pieces alone do (general_corpus.py
+        # cuts its ids to SEQ_LEN and [END] comes on top)
+        special = 2 if self.cfg.text_only_layout == "bert" else 0
         return text_chunks(line_ids, self.cfg.max_text_len - special)
 
     def _start_epoch(self) -> None:
@@ -382,8 +388,10 @@ class TextStream:
         masked_ids, labels = whole_word_mask(ids, self.tokenizer.convert_ids_to_tokens(ids), rng, self.vocab)
         seq = build_input_sequence(masked_ids, None, None, cls_id=self.tokenizer.cls_token_id,
                                    sep_id=self.tokenizer.sep_token_id, pad_id=self.tokenizer.pad_token_id,
-                                   text_only_end=self.cfg.text_only_end)
-        mlm_labels = [IGNORE_INDEX, *labels] + [IGNORE_INDEX] * (len(seq.input_ids) - len(labels) - 1)
+                                   text_only_layout=self.cfg.text_only_layout)
+        before = 1 if self.cfg.text_only_layout == "bert" else 0   # [CLS]
+        mlm_labels = [IGNORE_INDEX] * before + labels
+        mlm_labels += [IGNORE_INDEX] * (len(seq.input_ids) - len(mlm_labels))
         return {"sequence": seq, "mlm_labels": mlm_labels, "relationship": IGNORE_INDEX}
 
 

@@ -29,6 +29,7 @@ from vlbert_core.detector import build_resnet_c4, load_detector
 from vlbert_core.model import VLBertConfig, VLBertModel, build_input_sequence, collate_samples, load_tokenizer
 from vlbert_core.model.bert_init import read_bert_config
 from vlbert_core.model.config import RELEASED_OPTION_KEYS, bert_fields_from_hf_config, visual_pixel_format
+from vlbert_core.model.heads import load_pretraining_heads, save_pretraining_heads
 from vlbert_core.optim import OptimizerSettings, build_optimizer, build_scheduler, warmup_linear_decay
 from vlbert_core.resume import load_resume_checkpoint, rng_state, run_fingerprint, set_rng_state
 from vlbert_core.tensorboard_log import TrainingEvents
@@ -194,14 +195,36 @@ def run_visual_clue_check(module: VLBertForPretraining, cc_shards: list, roi_par
     return record
 
 
+def start_from_model(init_from: str | os.PathLike, spec: PretrainSetting) -> VLBertForPretraining:
+    """The model of the directory `init_from` (VLBertModel.load: ours, or a converted released VL-BERT) with
+    its pre-training heads (heads.safetensors), to continue pre-training it in setting `spec`.
+
+    The architecture is the directory's; the setting decides whether the visual network is tuned. A head the
+    setting trains but the directory lacks starts as in a fresh run (BERT's MLM head, else N(0, 0.02))."""
+    saved = VLBertModel.load(init_from)
+    config = VLBertConfig.from_dict({**saved.config.to_dict(), "tune_frcnn": spec.tune_frcnn})
+    model = VLBertModel(config)
+    model.load_state_dict(saved.state_dict())
+    del saved
+    module = VLBertForPretraining(model, spec)
+    loaded = load_pretraining_heads(module.heads, init_from)
+    if not loaded.get("mlm"):
+        module.heads.load_from_bert(config.bert_path)
+    log.info("continuing from %s: heads loaded from it %s (missing ones start fresh)", init_from, loaded)
+    return module
+
+
 def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: list, detector_path: str,
              model_cfg: dict, pretrain_cfg: dict, out_dir: str, seed: int, device: str, *,
-             stop_after_step: int | None = None) -> dict:
-    """Pre-train VL-BERT for one Table 4 setting; writes out_dir/{model.safetensors, config.json, metrics.jsonl,
-    visual_clue.json}.
+             stop_after_step: int | None = None, init_from: str | None = None) -> dict:
+    """Pre-train VL-BERT for one Table 4 setting; writes out_dir/{model.safetensors, heads.safetensors,
+    config.json, metrics.jsonl, visual_clue.json}.
 
-    `stop_after_step` ends the run right after that step's checkpoint without writing the final outputs,
-    as an interruption would (used to test resuming). Returns a summary dict.
+    `init_from`: a model directory (ours, or a released VL-BERT converted with `python -m vlbert_core.convert
+    vl-bert`) to continue pre-training, heads included, instead of starting from BERT and the detector; the
+    detector then only checks the RoIs' classes. `stop_after_step` ends the run right after that step's
+    checkpoint without writing the final outputs, as an interruption would (used to test resuming). Returns a
+    summary dict.
     """
     spec = get_setting(setting)
     _require(pretrain_cfg, PRETRAIN_KEYS, "pretrain")
@@ -210,21 +233,28 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
     is_main = rank == 0
     seed_everything(seed)
 
-    detector, detector_meta = load_detector(detector_path)
-    config = build_vlbert_config(model_cfg, detector_meta, tune_frcnn=spec.tune_frcnn)
-    model = VLBertModel.from_bert(config, detector.state_dict())
-    del detector
-
-    module = VLBertForPretraining(model, spec)
-    loaded = module.heads.load_from_bert(config.bert_path)
-    log.info("heads from BERT: %s (the rest initialised N(0, 0.02))", loaded)
+    if init_from is not None:
+        if not spec.trains:
+            raise ValueError(f"setting {spec.name} trains nothing: there is nothing to continue from {init_from}")
+        module = start_from_model(init_from, spec)
+        model, config = module.model, module.model.config
+    else:
+        detector, detector_meta = load_detector(detector_path)
+        config = build_vlbert_config(model_cfg, detector_meta, tune_frcnn=spec.tune_frcnn)
+        model = VLBertModel.from_bert(config, detector.state_dict())
+        del detector
+        module = VLBertForPretraining(model, spec)
+        loaded = module.heads.load_from_bert(config.bert_path)
+        log.info("heads from BERT: %s (the rest initialised N(0, 0.02))", loaded)
     module.to(dev)
     tokenizer = load_tokenizer(config.bert_path)
     stream_cfg = StreamConfig(max_caption_len=int(pretrain_cfg["max_caption_len"]),
                               max_text_len=int(pretrain_cfg["max_text_len"]), max_rois=int(model_cfg["max_rois"]),
                               image_max_side=int(model_cfg["image_max_side"]), seed=seed,
                               held_out_per_shard=int(pretrain_cfg["held_out_per_shard"]),
-                              pixel_format=visual_pixel_format(config), text_only_end=config.text_only_end)
+                              pixel_format=visual_pixel_format(config), text_only_layout=config.text_only_layout,
+                              image_min_side=None if model_cfg.get("image_min_side") is None
+                              else int(model_cfg["image_min_side"]))
 
     if config.standardise_appearance:
         boxes = measure_appearance_statistics(model, cc_shards, roi_parquets, tokenizer, stream_cfg, dev)
@@ -233,6 +263,7 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
     if not spec.trains:
         if is_main:
             model.save(out)
+            save_pretraining_heads(module.heads, out)
             record = {"step": 0, "setting": spec.name, "steps": 0, "samples": 0,
                       "note": "not pre-trained: the BERT-initialised model"}
             _write_metrics(out / METRICS_FILE, [record])
@@ -265,7 +296,8 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
 
     fingerprint = run_fingerprint(setting=spec.to_dict(), seed=seed, world_size=world_size, model=dict(model_cfg),
                                pretrain={k: v for k, v in pretrain_cfg.items() if k != "settings"},
-                               files=[*cc_shards, *roi_parquets, *(text_shards if spec.text_corpus else []), detector_path])
+                               files=[*cc_shards, *roi_parquets, *(text_shards if spec.text_corpus else []), detector_path,
+                                      *([] if init_from is None else [str(Path(init_from) / "model.safetensors")])])
     step, metrics, resumed_from = 0, [], None
     ckpt_path = out / CHECKPOINT_FILE
     if ckpt_path.is_file():
@@ -359,6 +391,7 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
     log.info("setting %s done: %d steps, skipped samples (all ranks) %s", spec.name, step, dict(skipped))
     if is_main:
         module.model.save(out)
+        save_pretraining_heads(module.heads, out)
         _write_metrics(out / METRICS_FILE, metrics)
         clue = run_visual_clue_check(module, cc_shards, roi_parquets, tokenizer, stream_cfg, out, dev)
         events.write(clue, "visual_clue", step=step)

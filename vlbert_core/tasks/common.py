@@ -17,11 +17,13 @@ from vlbert_core.utils import get_logger
 log = get_logger(__name__)
 
 
-def load_task_image(path: str | os.PathLike, max_side: int) -> tuple[Image.Image, float, tuple[int, int]]:
-    """Open an image as RGB, scaled so that its longer side is `max_side` (`model.batch.fit_image`).
+def load_task_image(path: str | os.PathLike, max_side: int,
+                    min_side: int | None = None) -> tuple[Image.Image, tuple[float, float], tuple[int, int]]:
+    """Open an image as RGB, resized as `model.batch.fit_image` says (`max_side`, and the released short side
+    `min_side` if given).
 
-    Returns the image, the factor applied to it and the original (width, height); boxes given in
-    original pixels must be multiplied by the same factor (`scale_boxes`).
+    Returns the image, the factors (x, y) applied to it and the original (width, height); boxes given in
+    original pixels must be multiplied by the same factors (`scale_boxes`).
     """
     path = Path(path)
     if not path.is_file():
@@ -32,13 +34,14 @@ def load_task_image(path: str | os.PathLike, max_side: int) -> tuple[Image.Image
     except OSError as exc:
         raise ValueError(f"task image {path} cannot be decoded: {exc}") from exc
     original = img.size
-    img, scale = fit_image(img, int(max_side))
+    img, scale = fit_image(img, int(max_side), None if min_side is None else int(min_side))
     return img, scale, original
 
 
-def scale_boxes(boxes: np.ndarray, scale: float) -> np.ndarray:
-    """Boxes (N x 4, x1,y1,x2,y2) in original pixels -> pixels of the resized image."""
-    return np.asarray(boxes, dtype=np.float32).reshape(-1, 4) * np.float32(scale)
+def scale_boxes(boxes: np.ndarray, scale: tuple[float, float]) -> np.ndarray:
+    """Boxes (N x 4, x1,y1,x2,y2) in original pixels -> pixels of the resized image, scaled by (x, y)."""
+    factors = np.array([scale[0], scale[1], scale[0], scale[1]], dtype=np.float32)
+    return np.asarray(boxes, dtype=np.float32).reshape(-1, 4) * factors
 
 
 def rois_for_key(records: dict, key: str, source: str | os.PathLike):

@@ -90,7 +90,7 @@ class FrozenRoIFeatureCache:
     With `tune_frcnn` off the visual network has no trainable parameter, no dropout and frozen
     BatchNorm, and fine-tuning masks no RoI, so its output for an image and its boxes never
     changes: several questions on one image, the four VCR candidates and later epochs all reuse
-    it. Each image runs at its own size (box 0 = [0, 0, W, H]), images of equal size batched
+    it. Each image runs at its own size (`batch.image_size`), images of equal size batched
     together, so a cached feature does not depend on which batch computed it. LRU-bounded by
     FEATURE_CACHE_MB.
     """
@@ -126,7 +126,7 @@ class FrozenRoIFeatureCache:
         self.misses += len(missing)
         by_size: dict[tuple[int, int], list[int]] = {}
         for row in missing.values():
-            w, h = (int(round(float(v))) for v in batch.boxes[row, 0, 2:4])
+            w, h = (int(v) for v in batch.image_size[row].tolist())
             by_size.setdefault((h, w), []).append(row)
         for (h, w), rows in by_size.items():
             index = torch.tensor(rows, device=batch.boxes.device)
@@ -303,7 +303,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
     del pretrained
 
     tokens = Tokens(load_tokenizer(config.bert_path))
-    images = ImageLoader(int(model_cfg["image_max_side"]), pixel_format=visual_pixel_format(config))
+    images = ImageLoader.from_settings(model_cfg, visual_pixel_format(config))
     rois, rois_source = read_task_rois(list(rois_paths))
     max_rois, max_text_len = int(model_cfg["max_rois"]), int(hp["max_text_len"])
     meta: dict[str, Any] = {"name": task, "setting": setting, "schedule": schedule,
@@ -311,6 +311,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
                             "pretrained": str(pretrained_dir), "tune_frcnn": bool(tune_frcnn),
                             "sentence_readout": config.sentence_readout,
                             "max_rois": max_rois, "image_max_side": int(model_cfg["image_max_side"]),
+                            "image_min_side": images.min_side,
                             "max_text_len": max_text_len, "batch_size": int(hp["batch_size"]),
                             "mask_id": tokens.mask_id}
     common = dict(sources=sources, tokens=tokens, images=images, max_rois=max_rois,

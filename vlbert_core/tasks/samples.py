@@ -2,8 +2,8 @@
 
 Each task's data class (in `tasks/modeling/<task>.py`) turns loaded records into sample dicts
 (`sample(i)`) and pads a list of them into a `VLBertBatch` plus the task's targets
-(`collate(samples)`). Images are shrunk so the longer side is at most `model.image_max_side`, and
-the boxes are scaled by the same factor. Box 0 of every sample is the whole image.
+(`collate(samples)`). Images are resized as `model.image_max_side` (and `model.image_min_side`) say, and
+the boxes are scaled by the same factors. Box 0 of every sample is the whole image.
 """
 
 from __future__ import annotations
@@ -33,17 +33,27 @@ log = get_logger(__name__)
 class ImageLoader:
     """Decoded, resized and normalised task images, cached (several questions share an image)."""
 
-    def __init__(self, max_side: int, cache_size: int = 512, pixel_format: str = DEFAULT_PIXEL_FORMAT):
+    def __init__(self, max_side: int, cache_size: int = 512, pixel_format: str = DEFAULT_PIXEL_FORMAT,
+                 min_side: int | None = None):
         self.max_side = int(max_side)
+        self.min_side = None if min_side is None else int(min_side)
         self.pixel_format = pixel_format
         self._load = functools.lru_cache(maxsize=cache_size)(self._load_uncached)
 
-    def _load_uncached(self, path: str) -> tuple[torch.Tensor, float, int, int]:
-        img, scale, (orig_w, orig_h) = load_task_image(path, self.max_side)
+    @classmethod
+    def from_settings(cls, settings, pixel_format: str = DEFAULT_PIXEL_FORMAT) -> "ImageLoader":
+        """The loader of a config's `model:` section or a fine-tuned model's meta: its `image_max_side` and
+        (released sizing) `image_min_side`."""
+        min_side = settings.get("image_min_side")
+        return cls(int(settings["image_max_side"]), pixel_format=pixel_format,
+                   min_side=None if min_side is None else int(min_side))
+
+    def _load_uncached(self, path: str) -> tuple[torch.Tensor, tuple[float, float], int, int]:
+        img, scale, (orig_w, orig_h) = load_task_image(path, self.max_side, self.min_side)
         return image_to_tensor(img, self.pixel_format), scale, orig_w, orig_h
 
-    def __call__(self, path: str | os.PathLike) -> tuple[torch.Tensor, float, int, int]:
-        """(image [3, H, W], scale applied, original width, original height)."""
+    def __call__(self, path: str | os.PathLike) -> tuple[torch.Tensor, tuple[float, float], int, int]:
+        """(image [3, H, W], scales (x, y) applied, original width, original height)."""
         return self._load(str(path))
 
 
@@ -83,8 +93,8 @@ def image_and_boxes(images: ImageLoader, path: Path, boxes_orig: np.ndarray, max
     if size_hint is not None and (size_hint[0] != orig_w or size_hint[1] != orig_h):
         raise ValueError(f"{source}: boxes are given for a {size_hint[0]}x{size_hint[1]} image but "
                          f"{path} is {orig_w}x{orig_h}")
-    boxes = boxes_with_whole_image(scale_boxes(boxes_orig, scale), image.shape[2], image.shape[1],
-                                   max_rois)
+    boxes = boxes_with_whole_image(scale_boxes(boxes_orig, scale), (image.shape[2], image.shape[1]),
+                                   (orig_w, orig_h), max_rois)
     return image, torch.from_numpy(boxes)
 
 
