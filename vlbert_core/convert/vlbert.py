@@ -381,7 +381,8 @@ def task_meta_for(layout: SourceLayout, task: str | None, *, bert_path: str, voc
         raise ConversionError(f"{source_name}: a fine-tuned checkpoint needs --bert-path (its tokenizer gives [MASK])")
     meta: dict[str, Any] = {"name": task, "setting": "released", "schedule": "released", "schedule_factor": 1.0,
                             "seed": 0, "pretrained": source_name, "tune_frcnn": False, "max_rois": 101,
-                            "image_max_side": 1000, "image_min_side": 600, "max_text_len": 64, "batch_size": 64,
+                            "image_max_side": 1000, "image_min_side": 600, "instance_mask_size": 14,
+                            "max_text_len": 64, "batch_size": 64,
                             "mask_id": int(load_tokenizer(bert_path).mask_token_id)}
     task_class = get_task(task)
     for key, what in task_class.released_vocabularies:

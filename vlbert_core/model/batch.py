@@ -32,6 +32,8 @@ class VLBertBatch:
     # Float [B, 2]: width and height of each sample's image as the model sees it (resized, before padding; the
     # released im_info[:2]), which the box geometry is normalised by. Zeros for text-only samples.
     image_size: torch.Tensor | None
+    # Float [B, R, S, S]: each box's object segmentation (VCR; box 0 all ones), or None (FastRCNNVisualNetwork)
+    instance_masks: torch.Tensor | None = None
 
     def to(self, device) -> "VLBertBatch":
         moved = {f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device))
@@ -56,7 +58,7 @@ class VLBertBatch:
             else:
                 selected[name] = value[rows]
         if not bool(selected["has_image"].any()):
-            for name in ("images", "boxes", "box_valid", "roi_masked", "image_size"):
+            for name in ("images", "boxes", "box_valid", "roi_masked", "image_size", "instance_masks"):
                 selected[name] = None
         return VLBertBatch(**selected)
 
@@ -113,12 +115,33 @@ def _pad_2d(rows: list[list[int]], pad_value: int) -> torch.Tensor:
     return out
 
 
+def _collate_instance_masks(samples: list[dict], image_samples: list[dict], max_r: int) -> torch.Tensor | None:
+    """[B, max_r, S, S] of the samples' "instance_masks" (zeros on padding), or None when no sample has any."""
+    with_masks = [s.get("instance_masks") is not None for s in image_samples]
+    if not any(with_masks):
+        return None
+    if not all(with_masks):
+        raise ValueError("collate_samples: some image samples have instance_masks and some do not")
+    size = tuple(image_samples[0]["instance_masks"].shape[-2:])
+    out = torch.zeros(len(samples), max_r, *size)
+    for i, sample in enumerate(samples):
+        if sample.get("image") is None:
+            continue
+        masks = torch.as_tensor(sample["instance_masks"], dtype=torch.float32)
+        if tuple(masks.shape) != (sample["boxes"].shape[0], *size):
+            raise ValueError(f"collate_samples: sample {i}: instance_masks shape {tuple(masks.shape)}, expected "
+                             f"{(sample['boxes'].shape[0], *size)}")
+        out[i, : masks.shape[0]] = masks
+    return out
+
+
 def collate_samples(samples: list[dict]) -> VLBertBatch:
     """Pad a list of samples into a VLBertBatch.
 
     Each sample: "sequence" (InputSequence) and, for image samples, "image" (Float [3, H, W]) and
-    "boxes" (Float [R_i, 4], box 0 = whole image), optionally "roi_masked" (Bool [R_i]). Extra keys are
-    ignored (task and pre-training collates gather their own labels).
+    "boxes" (Float [R_i, 4], box 0 = whole image), optionally "roi_masked" (Bool [R_i]) and "instance_masks"
+    (Float [R_i, S, S]; all image samples or none). Extra keys are ignored (task and pre-training collates gather
+    their own labels).
     """
     if not samples:
         raise ValueError("collate_samples: empty sample list")
@@ -152,7 +175,7 @@ def collate_samples(samples: list[dict]) -> VLBertBatch:
     attention_mask = torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]
     has_image = torch.tensor([s.get("image") is not None for s in samples], dtype=torch.bool)
 
-    images = boxes = box_valid = roi_masked = image_size = None
+    images = boxes = box_valid = roi_masked = image_size = instance_masks = None
     if bool(has_image.any()):
         image_samples = [s for s in samples if s.get("image") is not None]
         max_h = max(s["image"].shape[1] for s in image_samples)
@@ -173,6 +196,7 @@ def collate_samples(samples: list[dict]) -> VLBertBatch:
             box_valid[i, : bx.shape[0]] = True
             if sample.get("roi_masked") is not None:
                 roi_masked[i, : bx.shape[0]] = torch.as_tensor(sample["roi_masked"], dtype=torch.bool)
+        instance_masks = _collate_instance_masks(samples, image_samples, max_r)
     return VLBertBatch(
         input_ids=input_ids,
         element_kind=_pad_2d([s.element_kind for s in sequences], 0),
@@ -181,5 +205,5 @@ def collate_samples(samples: list[dict]) -> VLBertBatch:
         roi_index=_pad_2d([s.roi_index for s in sequences], 0),
         attention_mask=attention_mask,
         images=images, boxes=boxes, box_valid=box_valid, roi_masked=roi_masked, has_image=has_image,
-        image_size=image_size,
+        image_size=image_size, instance_masks=instance_masks,
     )

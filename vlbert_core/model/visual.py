@@ -70,6 +70,13 @@ class FastRCNNVisualNetwork(nn.Module):
                     for p in m.parameters():
                         p.requires_grad_(False)
 
+    def stage5_size(self) -> int:
+        """The side of stage 5's output for one RoI (RoIAlign's roi_align_size, halved unless the head is
+        dilated): the size of the instance masks it takes."""
+        first_block = self.head.layer4[0]
+        stride = max(m.stride[0] for m in first_block.modules() if isinstance(m, nn.Conv2d))
+        return (self.roi_align_size - 1) // stride + 1
+
     def train(self, mode: bool = True) -> "FastRCNNVisualNetwork":
         # A frozen network (and frozen BatchNorm) keeps its detector statistics in every phase.
         super().train(mode)
@@ -90,7 +97,10 @@ class FastRCNNVisualNetwork(nn.Module):
                                  f"{sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}")
 
     def forward(self, images: torch.Tensor, boxes: torch.Tensor, box_valid: torch.Tensor,
-                roi_masked: torch.Tensor | None = None) -> torch.Tensor:
+                roi_masked: torch.Tensor | None = None, instance_masks: torch.Tensor | None = None) -> torch.Tensor:
+        """`instance_masks` Float [B, R, S, S] (VCR's object segmentations inside each box, 1 for box 0): the
+        stage-5 output of each RoI is multiplied by its mask before the average pool, as the released VCR
+        model does (common/fast_rcnn.py `segms`); S must be the stage-5 output size (14 with the dilated head)."""
         if roi_masked is not None and bool(roi_masked.any()):
             if bool(roi_masked[:, 0].any()):
                 raise ValueError("FastRCNNVisualNetwork: box 0 (the whole image) must never be masked")
@@ -104,7 +114,15 @@ class FastRCNNVisualNetwork(nn.Module):
             pooled = roi_align(feature_map, rois.to(feature_map.dtype), output_size=self.roi_align_size,
                                spatial_scale=1.0 / FEATURE_STRIDE, sampling_ratio=self.roi_sampling_ratio,
                                aligned=ROI_ALIGNED)
-            features = self.head(pooled)
+            if instance_masks is None:
+                features = self.head(pooled)
+            else:
+                stage5 = self.head.layer4(pooled)
+                masks = instance_masks[sample_idx, box_idx].to(stage5.dtype)
+                if masks.shape[-2:] != stage5.shape[-2:]:
+                    raise ValueError(f"FastRCNNVisualNetwork: instance masks of {tuple(masks.shape[-2:])} for a "
+                                     f"stage-5 output of {tuple(stage5.shape[-2:])}")
+                features = self.head.flatten(self.head.avgpool(stage5 * masks[:, None]))
         out = features.new_zeros(batch, num_boxes, features.shape[-1])
         out[sample_idx, box_idx] = features
         return out

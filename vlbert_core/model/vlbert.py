@@ -67,18 +67,22 @@ class VLBertModel(nn.Module):
             if batch.batch_size % rows_per_image:
                 raise ValueError(f"batch of {batch.batch_size} rows is not made of groups of {rows_per_image}")
             masked = None if roi_masked is None else roi_masked[::rows_per_image]
+            shapes = None if batch.instance_masks is None else batch.instance_masks[::rows_per_image]
             features = self.visual_network(batch.images[::rows_per_image], batch.boxes[::rows_per_image],
-                                           batch.box_valid[::rows_per_image], masked)
+                                           batch.box_valid[::rows_per_image], masked, shapes)
             return features.repeat_interleave(rows_per_image, dim=0)
         roi_features = None
         if batch.images is not None and bool(batch.has_image.any()):
             if bool(batch.has_image.all()):
-                roi_features = self.visual_network(batch.images, batch.boxes, batch.box_valid, roi_masked)
+                roi_features = self.visual_network(batch.images, batch.boxes, batch.box_valid, roi_masked,
+                                                   batch.instance_masks)
             else:
                 # The CNN runs only on the samples that have an image (text-only samples share the batch).
                 idx = batch.has_image.nonzero(as_tuple=True)[0]
                 masked = None if roi_masked is None else roi_masked[idx]
-                features = self.visual_network(batch.images[idx], batch.boxes[idx], batch.box_valid[idx], masked)
+                shapes = None if batch.instance_masks is None else batch.instance_masks[idx]
+                features = self.visual_network(batch.images[idx], batch.boxes[idx], batch.box_valid[idx], masked,
+                                               shapes)
                 roi_features = features.new_zeros(batch.batch_size, *features.shape[1:])
                 roi_features = roi_features.index_copy(0, idx, features)
         return roi_features

@@ -110,7 +110,8 @@ class FrozenRoIFeatureCache:
         if len(image_keys) != batch.batch_size:
             raise ValueError(f"{len(image_keys)} image keys for a batch of {batch.batch_size}")
         num_valid = batch.box_valid.sum(dim=1).tolist()
-        keys = [(k, batch.boxes[i, : num_valid[i]].cpu().numpy().tobytes())
+        keys = [(k, batch.boxes[i, : num_valid[i]].cpu().numpy().tobytes(),
+                 b"" if batch.instance_masks is None else batch.instance_masks[i, : num_valid[i]].cpu().numpy().tobytes())
                 for i, k in enumerate(image_keys)]
         values: dict[tuple, torch.Tensor] = {}
         missing: dict[tuple, int] = {}
@@ -130,8 +131,8 @@ class FrozenRoIFeatureCache:
             by_size.setdefault((h, w), []).append(row)
         for (h, w), rows in by_size.items():
             index = torch.tensor(rows, device=batch.boxes.device)
-            feats = self.visual_network(batch.images[index, :, :h, :w], batch.boxes[index],
-                                        batch.box_valid[index], None)
+            feats = self.visual_network(batch.images[index, :, :h, :w], batch.boxes[index], batch.box_valid[index],
+                                        None, None if batch.instance_masks is None else batch.instance_masks[index])
             for j, row in enumerate(rows):
                 values[keys[row]] = feats[j, : num_valid[row]].clone()
                 self._store(keys[row], values[keys[row]])
@@ -312,6 +313,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
                             "sentence_readout": config.sentence_readout,
                             "max_rois": max_rois, "image_max_side": int(model_cfg["image_max_side"]),
                             "image_min_side": images.min_side,
+                            "instance_mask_size": vlbert.visual_network.stage5_size(),
                             "max_text_len": max_text_len, "batch_size": int(hp["batch_size"]),
                             "mask_id": tokens.mask_id}
     common = dict(sources=sources, tokens=tokens, images=images, max_rois=max_rois,

@@ -63,6 +63,38 @@ class VcrMetadata:
     names: list[str]
     width: int
     height: int
+    # per object, its segmentation polygons (each K x 2, x,y in original pixels); None when the file has none
+    segms: list[list[np.ndarray]] | None = None
+
+
+def instance_mask(polygons: Sequence[np.ndarray], box: Sequence[float], size: int) -> np.ndarray:
+    """A size x size mask of an object inside its box (the released VCR model multiplies each RoI's stage-5
+    output by it): the polygons are mapped into the box's size x size grid, x' = (x - x1) * size / (x2 - x1 + 1),
+    clamped to [0, size - 1], and a cell (r, c) is 1 when its point lies inside a polygon or on its outline, as
+    the authors' common/utils/mask.py rasterises them with skimage.draw.polygon. No polygon: the whole box."""
+    if not polygons:
+        return np.ones((size, size), dtype=np.float32)
+    x1, y1, x2, y2 = (float(v) for v in box[:4])
+    mask = np.zeros((size, size), dtype=bool)
+    rows, cols = np.meshgrid(np.arange(size, dtype=np.float64), np.arange(size, dtype=np.float64), indexing="ij")
+    for polygon in polygons:
+        points = np.asarray(polygon, dtype=np.float64).reshape(-1, 2)
+        xs = np.clip((points[:, 0] - x1) * size / (x2 - x1 + 1), 0, size - 1)
+        ys = np.clip((points[:, 1] - y1) * size / (y2 - y1 + 1), 0, size - 1)
+        inside = np.zeros((size, size), dtype=bool)
+        on_outline = np.zeros((size, size), dtype=bool)
+        for j in range(len(points)):
+            xa, ya, xb, yb = xs[j - 1], ys[j - 1], xs[j], ys[j]
+            crosses = (ya > rows) != (yb > rows)                       # even-odd rule, ray towards +x
+            with np.errstate(divide="ignore", invalid="ignore"):
+                x_at = xa + (rows - ya) * (xb - xa) / (yb - ya)
+            inside ^= crosses & (cols < x_at)
+            cross = (xb - xa) * (rows - ya) - (yb - ya) * (cols - xa)
+            on_outline |= (np.abs(cross) <= 1e-9 * max(1.0, abs(xb - xa) + abs(yb - ya))) \
+                & (cols >= min(xa, xb) - 1e-9) & (cols <= max(xa, xb) + 1e-9) \
+                & (rows >= min(ya, yb) - 1e-9) & (rows <= max(ya, yb) + 1e-9)
+        mask |= inside | on_outline
+    return mask.astype(np.float32)
 
 
 def _check_tokens(tokens, num_objects: int, where: str) -> list:
@@ -151,12 +183,17 @@ def load_vcr_metadata(path: str | os.PathLike) -> VcrMetadata:
         raw = np.asarray(meta["boxes"], dtype=np.float32).reshape(-1, 5)
         names = [str(n) for n in meta["names"]]
         width, height = int(meta["width"]), int(meta["height"])
+        segms = None
+        if meta.get("segms") is not None:
+            segms = [[np.asarray(polygon, dtype=np.float32).reshape(-1, 2) for polygon in obj] for obj in meta["segms"]]
     except (json.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
         raise ValueError(f"VCR metadata {path}: {exc!r}") from exc
     if len(names) != len(raw):
         raise ValueError(f"VCR metadata {path}: {len(raw)} boxes but {len(names)} names")
+    if segms is not None and len(segms) != len(raw):
+        raise ValueError(f"VCR metadata {path}: {len(raw)} boxes but {len(segms)} segms")
     return VcrMetadata(boxes=raw[:, :4].copy(), scores=raw[:, 4].copy(), names=names,
-                       width=width, height=height)
+                       width=width, height=height, segms=segms)
 
 
 def check_metadata_matches(item: VcrItem, meta: VcrMetadata, source: str) -> None:
@@ -463,7 +500,8 @@ class VcrTask(Task):
         items = load_vcr(split_path(sources["annotations"], split))
         items = items[:max_examples] if max_examples else items
         return VcrData(items, self.mode, sources["images"], tokens, meta.get("object_names") or [],
-                       max_rois=max_rois, max_text_len=max_text_len, images=images)
+                       max_rois=max_rois, max_text_len=max_text_len, images=images,
+                       instance_mask_size=meta.get("instance_mask_size"))
 
     def log_training_data(self, data, meta):
         if data.dropped_references:

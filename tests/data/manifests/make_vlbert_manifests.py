@@ -16,7 +16,12 @@ Every key and shape is read off the authors' module definitions (jackroos/VL-BER
   object_mask_word_embedding (1, H), aux_text_visual_embedding (1, H), and with precomputed features
   object_mask_visual_embedding (1, 2048);
 - vqa/modules, refcoco/modules, vcr/modules with cfgs/{vqa,refcoco,vcr}/base_*.yaml: the task heads;
-- the checkpoint callback saves {'state_dict': DataParallel/DDP state dict ('module.' prefix), 'optimizer', ...}.
+- the checkpoint callback (common/callbacks/epoch_end_callbacks/checkpoint.py) saves {'state_dict': the
+  DataParallel/DDP state dict ('module.' prefix), 'optimizer', 'validation_monitor': {'best_epoch', 'best_val'}};
+- dtypes: the configs with TRAIN.FP16 true (pretrain base_e2e, large_e2e, large_prec) train under apex amp O2
+  with keep_batchnorm_fp32=False (pretrain/function/train.py), which casts the whole model to float16, BatchNorm
+  statistics included, so every floating tensor of those checkpoints is float16 (num_batches_tracked stays
+  int64); the fp32 configs (pretrain base_prec, vqa, refcoco, vcr) save float32.
 Run: uv run python tests/data/manifests/make_vlbert_manifests.py
 """
 
@@ -161,8 +166,8 @@ def vcr_base() -> dict:
     return out
 
 
-def manifest(file: str, shapes: dict, wrap: list, extra: dict | None = None) -> dict:
-    tensors = {k: {"shape": v, "dtype": "int64" if k.endswith("num_batches_tracked") else "float32"}
+def manifest(file: str, shapes: dict, wrap: list, extra: dict | None = None, float_dtype: str = "float32") -> dict:
+    tensors = {k: {"shape": v, "dtype": "int64" if k.endswith("num_batches_tracked") else float_dtype}
                for k, v in shapes.items()}
     out = {"file": file, "format": "torch", "wrap": wrap, "tensors": tensors}
     if extra:
@@ -181,16 +186,19 @@ def to_json(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-CHECKPOINT_EXTRA = {"epoch": 9, "optimizer": {"state": {}, "param_groups": []}}
+CHECKPOINT_EXTRA = {"optimizer": {"state": {}, "param_groups": []},
+                    "validation_monitor": {"best_epoch": 9, "best_val": 0.5}}
+# the released pre-training configs trained in fp16 (TRAIN.FP16: cfgs/pretrain/*.yaml)
+FP16_PRETRAINED = {("base", "e2e"), ("large", "e2e"), ("large", "prec")}
 
 
 def main() -> None:
     files = {}
     for size in ("base", "large"):
         for kind in ("e2e", "prec"):
-            files[f"vl-bert-{size}-{kind}"] = manifest(f"vl-bert-{size}-{kind}.model",
-                                                       pretrained(size, kind == "e2e"), ["state_dict"],
-                                                       CHECKPOINT_EXTRA)
+            files[f"vl-bert-{size}-{kind}"] = manifest(
+                f"vl-bert-{size}-{kind}.model", pretrained(size, kind == "e2e"), ["state_dict"], CHECKPOINT_EXTRA,
+                float_dtype="float16" if (size, kind) in FP16_PRETRAINED else "float32")
     files["vqa-base"] = manifest("vl-bert_base_res101_vqa-0019.model", vqa_base(), ["state_dict"], CHECKPOINT_EXTRA)
     files["refcoco-base"] = manifest("vl-bert_base_res101_refcoco-0019.model", refcoco_base(), ["state_dict"],
                                      CHECKPOINT_EXTRA)

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -83,14 +84,16 @@ class VcrData:
 
     Word positions that name an object take that object's box as their visual feature (their
     `roi_index` points at it); other words take box 0, the whole image. One sample holds the
-    four candidate sequences of a question, which share the image and boxes.
+    four candidate sequences of a question, which share the image and boxes. With `instance_mask_size`
+    (the visual network's stage-5 output side), each box carries its object's segmentation mask, which the
+    visual network multiplies into the RoI's stage-5 output (released VCR; box 0's mask is all ones).
     """
 
     SPECIAL_TOKENS = 3  # [CLS] A [SEP] B [SEP]
 
     def __init__(self, items: Sequence[vcr_lib.VcrItem], mode: str, images_dir: str | os.PathLike,
                  tokens: Tokens, object_vocab: list[str], *, max_rois: int, max_text_len: int,
-                 images: ImageLoader, with_labels: bool = True):
+                 images: ImageLoader, with_labels: bool = True, instance_mask_size: int | None = None):
         if mode not in ("q2a", "qa2r"):
             raise ValueError(f"unknown VCR mode {mode!r}")
         self.items, self.mode = list(items), mode
@@ -99,6 +102,7 @@ class VcrData:
         self.object_index = {name: i for i, name in enumerate(object_vocab)}
         self.max_rois, self.max_text_len = int(max_rois), int(max_text_len)
         self.with_labels = with_labels
+        self.instance_mask_size = None if instance_mask_size is None else int(instance_mask_size)
         self._metadata = functools.lru_cache(maxsize=1024)(vcr_lib.load_vcr_metadata)
         self.dropped_references = 0
         if with_labels:
@@ -147,13 +151,20 @@ class VcrData:
             box_classes[obj + 1] = self.object_index.get(name, IGNORE_INDEX)
         sample = {"sequences": sequences, "image": image, "boxes": boxes,
                   "box_classes": box_classes, "annot_id": item.annot_id, "image_key": item.img_fn}
+        if self.instance_mask_size is not None:
+            size = self.instance_mask_size
+            masks = [np.ones((size, size), dtype=np.float32)]
+            for obj in range(len(boxes) - 1):
+                polygons = meta.segms[obj] if meta.segms is not None else []
+                masks.append(vcr_lib.instance_mask(polygons, meta.boxes[obj], size))
+            sample["instance_masks"] = torch.from_numpy(np.stack(masks))
         label = vcr_lib.candidate_label(item, self.mode)
         sample["label"] = -1 if label is None else int(label)
         return sample
 
     def collate(self, samples: list[dict]) -> tuple[VLBertBatch, dict]:
         """Question-major rows: row 4q + k is candidate k of question q."""
-        flat = [{"sequence": seq, "image": s["image"], "boxes": s["boxes"]}
+        flat = [{"sequence": seq, "image": s["image"], "boxes": s["boxes"], "instance_masks": s.get("instance_masks")}
                 for s in samples for seq in s["sequences"]]
         batch = collate_samples(flat)
         num_boxes = batch.boxes.shape[1]

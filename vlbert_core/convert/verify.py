@@ -1,0 +1,155 @@
+"""python -m vlbert_core.convert.verify LAYOUT --authors-repo DIR [--authors-python PY] (--checkpoint F | --stand-in M)
+
+Does a converted checkpoint compute what the authors' code computes? Runs the authors' model (jackroos/VL-BERT,
+a checkout you downloaded, in its own Python environment) and the converted one on the same small batch
+(reference.py), and prints the largest difference at every stage: RoI features, their visual embedding, the
+input embeddings, each encoder layer at the real elements, and the heads' logits (pre-training: MLM at masked
+words of captions and of text-only rows, masked-RoI classification at the chosen boxes, and the three losses).
+
+LAYOUT is one of reference.LAYOUTS: pretrain-e2e, pretrain-prec, vqa, refcoco, vcr. The checkpoint is either
+the authors' file (--checkpoint, with what its conversion needs: --bert-path, and --visual-weights for the prec
+and VQA ones, --answers / --object-names for VQA / VCR) or a stand-in written from a manifest of
+tests/data/manifests with trained-like random values (--stand-in, --seed). --golden-out writes the batch and a
+few of the authors' numbers per stage (tests/data/golden/, compared by tests/test_golden_released.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from vlbert_core.model.config import VLBertConfig, visual_pixel_format
+
+from .reference import (
+    get_layout, golden_numbers, LAYOUTS, compare_stages, load_arrays, normalised_images, our_outputs,
+    reference_inputs, save_arrays, stage_table, write_reference_checkpoint,
+)
+
+RUNNER = Path(__file__).with_name("authors_runner.py")
+TOLERANCE = 1e-4        # the largest |difference| a stage may show (fp32, CPU)
+STAND_IN_VOCABULARY_SIZES = {"answers": 3129, "object_names": 81}   # the released heads' sizes
+INPUTS_FILE, NUMBERS_FILE = "{layout}.inputs.npz", "{layout}.json"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m vlbert_core.convert.verify", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("layout", choices=list(LAYOUTS))
+    parser.add_argument("--authors-repo", required=True, type=Path, help="a checkout of jackroos/VL-BERT")
+    parser.add_argument("--authors-python", default=sys.executable,
+                        help="the Python of the authors' environment (torch, torchvision, easydict, pyyaml, ...); "
+                             "default: this one")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", type=Path, help="the authors' checkpoint file")
+    source.add_argument("--stand-in", type=Path, help="a manifest (tests/data/manifests/*.json): write a stand-in")
+    parser.add_argument("--seed", type=int, default=0, help="of the stand-in's values and of the batch")
+    parser.add_argument("--bert-path", type=Path, default=None,
+                        help="bert-base-uncased (vocab.txt, config.json); a stand-in's default: one written here")
+    parser.add_argument("--visual-weights", type=Path, default=None, help="resnet101-pt-vgbua-0000.model (prec, VQA)")
+    parser.add_argument("--answers", type=Path, default=None, help="VQA: the 3,129 answers, one a line")
+    parser.add_argument("--object-names", type=Path, default=None, help="VCR: the 81 object classes, one a line")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep the intermediate files here")
+    parser.add_argument("--golden-out", type=Path, default=None, help="write the golden files into this directory")
+    parser.add_argument("--json", type=Path, default=None, help="write the comparison rows as JSON")
+    return parser
+
+
+def _stand_in_files(args, layout, workdir: Path) -> dict:
+    """A stand-in checkpoint and what its conversion needs, written into `workdir`."""
+    from .manifest import Manifest
+    from .stand_in import write_bert_stand_in, write_manifest_stand_in
+
+    manifest = Manifest.load(args.stand_in)
+    checkpoint = workdir / manifest.file
+    write_reference_checkpoint(manifest, checkpoint, args.seed)
+    files = {"checkpoint": checkpoint, "bert_path": args.bert_path, "visual_weights": args.visual_weights,
+             "vocabularies": {}}
+    if files["bert_path"] is None:
+        files["bert_path"] = write_bert_stand_in(workdir / "bert-base-uncased", seed=args.seed, bert_layers=1)
+    if layout.precomputed and files["visual_weights"] is None:
+        resnet = args.stand_in.with_name("resnet101-pt-vgbua.json")
+        files["visual_weights"] = workdir / "resnet101-pt-vgbua-0000.model"
+        write_manifest_stand_in(resnet, files["visual_weights"], seed=args.seed)
+    for key, size in STAND_IN_VOCABULARY_SIZES.items():
+        path = workdir / f"{key}.txt"
+        path.write_text("".join(f"{key}_{i}\n" for i in range(size)))
+        files["vocabularies"][key] = path
+    return files
+
+
+def run_authors(args, layout, checkpoint: Path, vocab: Path, inputs_path: Path, out_path: Path) -> dict:
+    command = [str(args.authors_python), str(RUNNER), "--repo", str(args.authors_repo), "--layout", layout.name,
+               "--config", layout.authors_config, "--checkpoint", str(checkpoint), "--vocab", str(vocab),
+               "--inputs", str(inputs_path), "--out", str(out_path)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"the authors' model failed ({' '.join(command)}):\n{result.stderr[-4000:]}")
+    return load_arrays(out_path)
+
+
+def verify(args) -> list[dict]:
+    from .vlbert import convert_vlbert
+
+    layout = get_layout(args.layout)
+    with tempfile.TemporaryDirectory() as scratch:
+        workdir = args.workdir or Path(scratch)
+        workdir.mkdir(parents=True, exist_ok=True)
+        if args.stand_in is not None:
+            files = _stand_in_files(args, layout, workdir)
+        else:
+            if args.bert_path is None:
+                raise SystemExit("--checkpoint needs --bert-path (the BERT whose vocab.txt tokenises for it)")
+            files = {"checkpoint": args.checkpoint, "bert_path": args.bert_path, "visual_weights": args.visual_weights,
+                     "vocabularies": {"answers": args.answers, "object_names": args.object_names}}
+        converted = workdir / "converted"
+        shutil.rmtree(converted, ignore_errors=True)   # the tool's own output of an earlier run
+        convert_vlbert(files["checkpoint"], converted, bert_path=str(files["bert_path"]),
+                       visual_weights=files["visual_weights"], task=layout.task,
+                       vocabulary_files=files["vocabularies"])
+        inputs = reference_inputs(layout, args.seed)
+        config = json.loads((converted / "config.json").read_text())   # a fine-tuned model's holds 'vlbert'
+        pixel_format = visual_pixel_format(VLBertConfig.from_dict(config.get("vlbert", config)))
+        runner_inputs = dict(inputs, normalised_images=normalised_images(inputs, pixel_format))
+        inputs_path = workdir / "inputs.npz"
+        save_arrays(runner_inputs, inputs_path)
+        theirs = run_authors(args, layout, files["checkpoint"], Path(files["bert_path"]) / "vocab.txt", inputs_path,
+                             workdir / "authors.npz")
+        ours = our_outputs(layout, converted, inputs)
+        rows = compare_stages(ours, theirs)
+        missing = sorted(set(theirs) - set(ours))
+        if missing:
+            raise SystemExit(f"stages the authors' run has and ours lacks: {missing}")
+        if args.golden_out is not None:
+            args.golden_out.mkdir(parents=True, exist_ok=True)
+            save_arrays(inputs, args.golden_out / INPUTS_FILE.format(layout=layout.name))
+            record = {"layout": layout.name, "manifest": Path(args.stand_in or "").stem, "seed": args.seed,
+                      "authors_config": layout.authors_config, "tolerance": TOLERANCE,
+                      "largest_differences": {r["stage"]: r["max_abs_diff"] for r in rows},
+                      "stages": golden_numbers(theirs, args.seed)}
+            (args.golden_out / NUMBERS_FILE.format(layout=layout.name)).write_text(
+                json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    rows = verify(args)
+    print(f"{args.layout}: ours vs the authors' code ({args.checkpoint or args.stand_in}), fp32 on {os.cpu_count()} "
+          f"CPU cores")
+    print(stage_table(rows))
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    worst = max(rows, key=lambda r: r["max_abs_diff"])
+    verdict = "within" if worst["max_abs_diff"] <= TOLERANCE else "ABOVE"
+    print(f"largest difference {worst['max_abs_diff']:.2e} at {worst['stage']}: {verdict} {TOLERANCE:g}")
+    return 0 if verdict == "within" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
