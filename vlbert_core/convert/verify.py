@@ -60,27 +60,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _stand_in_files(args, layout, workdir: Path) -> dict:
-    """A stand-in checkpoint and what its conversion needs, written into `workdir`."""
+def write_stand_in_files(manifest_path: Path, layout, workdir: Path, seed: int, bert_path: Path | None = None,
+                         visual_weights: Path | None = None) -> dict:
+    """A stand-in checkpoint of `manifest_path` (trained-like values of `seed`) and what its conversion needs,
+    written into `workdir`: a BERT directory (unless `bert_path`), the ResNet-101 of the precomputed layouts
+    (unless `visual_weights`) and placeholder answer / object-name lists of the released heads' sizes."""
     from .manifest import Manifest
     from .stand_in import write_bert_stand_in, write_manifest_stand_in
 
-    manifest = Manifest.load(args.stand_in)
+    manifest = Manifest.load(manifest_path)
     checkpoint = workdir / manifest.file
-    write_reference_checkpoint(manifest, checkpoint, args.seed)
-    files = {"checkpoint": checkpoint, "bert_path": args.bert_path, "visual_weights": args.visual_weights,
-             "vocabularies": {}}
+    write_reference_checkpoint(manifest, checkpoint, seed)
+    files = {"checkpoint": checkpoint, "bert_path": bert_path, "visual_weights": visual_weights, "vocabularies": {}}
     if files["bert_path"] is None:
-        files["bert_path"] = write_bert_stand_in(workdir / "bert-base-uncased", seed=args.seed, bert_layers=1)
+        files["bert_path"] = write_bert_stand_in(workdir / "bert-base-uncased", seed=seed, bert_layers=1)
     if layout.precomputed and files["visual_weights"] is None:
-        resnet = args.stand_in.with_name("resnet101-pt-vgbua.json")
         files["visual_weights"] = workdir / "resnet101-pt-vgbua-0000.model"
-        write_manifest_stand_in(resnet, files["visual_weights"], seed=args.seed)
+        write_manifest_stand_in(Path(manifest_path).with_name("resnet101-pt-vgbua.json"), files["visual_weights"],
+                                seed=seed)
     for key, size in STAND_IN_VOCABULARY_SIZES.items():
         path = workdir / f"{key}.txt"
         path.write_text("".join(f"{key}_{i}\n" for i in range(size)))
         files["vocabularies"][key] = path
     return files
+
+
+def convert_files(files: dict, layout, out_dir: Path) -> Path:
+    """Convert `files` (write_stand_in_files' or the user's) into `out_dir`, replacing what is there."""
+    from .vlbert import convert_vlbert
+
+    shutil.rmtree(out_dir, ignore_errors=True)
+    convert_vlbert(files["checkpoint"], out_dir, bert_path=str(files["bert_path"]),
+                   visual_weights=files["visual_weights"], task=layout.task, vocabulary_files=files["vocabularies"])
+    return out_dir
 
 
 def run_authors(args, layout, checkpoint: Path, vocab: Path, inputs_path: Path, out_path: Path) -> dict:
@@ -94,24 +106,18 @@ def run_authors(args, layout, checkpoint: Path, vocab: Path, inputs_path: Path, 
 
 
 def verify(args) -> list[dict]:
-    from .vlbert import convert_vlbert
-
     layout = get_layout(args.layout)
     with tempfile.TemporaryDirectory() as scratch:
         workdir = args.workdir or Path(scratch)
         workdir.mkdir(parents=True, exist_ok=True)
         if args.stand_in is not None:
-            files = _stand_in_files(args, layout, workdir)
+            files = write_stand_in_files(args.stand_in, layout, workdir, args.seed, args.bert_path, args.visual_weights)
         else:
             if args.bert_path is None:
                 raise SystemExit("--checkpoint needs --bert-path (the BERT whose vocab.txt tokenises for it)")
             files = {"checkpoint": args.checkpoint, "bert_path": args.bert_path, "visual_weights": args.visual_weights,
                      "vocabularies": {"answers": args.answers, "object_names": args.object_names}}
-        converted = workdir / "converted"
-        shutil.rmtree(converted, ignore_errors=True)   # the tool's own output of an earlier run
-        convert_vlbert(files["checkpoint"], converted, bert_path=str(files["bert_path"]),
-                       visual_weights=files["visual_weights"], task=layout.task,
-                       vocabulary_files=files["vocabularies"])
+        converted = convert_files(files, layout, workdir / "converted")
         inputs = reference_inputs(layout, args.seed)
         config = json.loads((converted / "config.json").read_text())   # a fine-tuned model's holds 'vlbert'
         pixel_format = visual_pixel_format(VLBertConfig.from_dict(config.get("vlbert", config)))

@@ -1,0 +1,80 @@
+"""A converted released VL-BERT computes what the authors' code computes.
+
+tests/data/golden/ holds, per released layout, a reference batch and a few numbers of every stage of the
+AUTHORS' model (jackroos/VL-BERT, run on CPU by tests/data/golden/make_golden.py) on it, for the stand-in
+checkpoint of the layout's manifest with seed 0. Here the same stand-in is written again, converted, run by
+our model on the same batch, and every stage must give the authors' numbers within 1e-4: the RoI features and
+their visual embedding, the input embeddings, each encoder layer's output at the real elements, and the heads'
+logits (MLM at masked words of captions and of text-only rows, masked-RoI classification, VQA answers, RefCOCO+
+boxes, VCR choices).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vlbert_core.convert.reference import LAYOUTS, load_arrays, our_outputs
+from vlbert_core.convert.stand_in import write_bert_stand_in
+from vlbert_core.convert.verify import INPUTS_FILE, NUMBERS_FILE, TOLERANCE, convert_files, write_stand_in_files
+
+DATA = Path(__file__).parent / "data"
+GOLDEN, MANIFESTS = DATA / "golden", DATA / "manifests"
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory) -> Path:
+    return write_bert_stand_in(tmp_path_factory.mktemp("bert") / "bert-base-uncased", seed=0, bert_layers=1)
+
+
+def golden(layout: str) -> tuple[dict, dict]:
+    record = json.loads((GOLDEN / NUMBERS_FILE.format(layout=layout)).read_text())
+    return record, load_arrays(GOLDEN / INPUTS_FILE.format(layout=layout))
+
+
+def mismatches(ours: dict[str, np.ndarray], record: dict) -> list[str]:
+    """The stages of `ours` that do not give the golden numbers (shape, sampled values, mean |x|)."""
+    bad = []
+    for stage, numbers in record["stages"].items():
+        value = np.asarray(ours[stage], dtype=np.float64)
+        if list(value.shape) != numbers["shape"]:
+            bad.append(f"{stage}: shape {list(value.shape)}, the authors' {numbers['shape']}")
+            continue
+        sampled = value.ravel()[numbers["index"]]
+        worst = float(np.abs(sampled - np.asarray(numbers["values"])).max())
+        mean_gap = abs(float(np.abs(value).mean()) - numbers["mean_abs"])
+        if worst > TOLERANCE or mean_gap > TOLERANCE:
+            bad.append(f"{stage}: sampled values differ by up to {worst:.2e}, mean |x| by {mean_gap:.2e}")
+    return bad
+
+
+def converted(layout: str, record: dict, tmp_path: Path, bert_dir: Path) -> Path:
+    files = write_stand_in_files(MANIFESTS / f"{record['manifest']}.json", LAYOUTS[layout], tmp_path,
+                                 record["seed"], bert_path=bert_dir)
+    return convert_files(files, LAYOUTS[layout], tmp_path / "converted")
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_converted_checkpoint_gives_the_authors_outputs_stage_by_stage(layout, tmp_path, bert_dir):
+    record, inputs = golden(layout)
+    assert record["tolerance"] == TOLERANCE and max(record["largest_differences"].values()) <= TOLERANCE
+    ours = our_outputs(LAYOUTS[layout], converted(layout, record, tmp_path, bert_dir), inputs)
+    assert set(record["stages"]) <= set(ours)
+    layers = [s for s in record["stages"] if s.startswith("layer_")]
+    assert len(layers) == 12 and "embeddings" in record["stages"]   # BERT-BASE: every layer is checked
+    assert mismatches(ours, record) == []
+
+
+def test_the_golden_numbers_catch_a_released_detail_done_our_old_way(tmp_path, bert_dir):
+    """Control: [END] with box 0's visual term (this project's default, not the authors') moves the outputs of
+    every stage after the embeddings out of the bound; the visual stages before it stay exact."""
+    record, inputs = golden("pretrain-e2e")
+    directory = converted("pretrain-e2e", record, tmp_path, bert_dir)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "end_visual_term": True}))
+    bad = {line.split(":")[0] for line in mismatches(our_outputs(LAYOUTS["pretrain-e2e"], directory, inputs), record)}
+    assert {"embeddings", "layer_11", "mlm_logits_caption", "roi_logits"} <= bad
+    assert not bad & {"appearance", "visual_embedding"}
