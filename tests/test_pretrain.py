@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -535,6 +536,62 @@ def test_resume_matches_straight_run(world, tmp_path):
         events = assert_events_match_metrics(out)
         assert events["visual_clue/with_image/mlm_acc"] == [(4, pytest.approx(clue_a["with_image"]["mlm_acc"]))]
         assert {"train/mlm_loss", "train/lr", "train/grad_norm", "train/samples_per_s"} <= events.keys()
+
+
+def _heads(directory: Path) -> dict:
+    from vlbert_core.model.heads import read_pretraining_heads
+
+    return read_pretraining_heads(directory)
+
+
+def test_continued_pretraining_starts_from_the_saved_model_and_heads(world, tmp_path):
+    """init_from: a model directory with its pre-training heads (heads.safetensors) continues as it was; with
+    a zero learning rate a step changes nothing, so model and heads come out as they went in."""
+    first = tmp_path / "b"
+    _run(world, "b", first, cfg={"steps": 2})
+    saved = _heads(first)
+    assert set(saved) == {"mlm", "roi_cls"}                  # setting b: MLM and masked-RoI classification
+    more = tmp_path / "d"
+    summary = _run(world, "d", more, cfg={"steps": 1, "lr_per_sample": 0.0}, init_from=str(first))
+    assert summary["steps"] == 1 and summary["final"]["mlm_loss"] > 0 and "roi_loss" in summary["final"]
+    continued = _heads(more)
+    for head in ("mlm", "roi_cls"):
+        for key, value in saved[head].items():
+            torch.testing.assert_close(continued[head][key], value, rtol=0, atol=0)
+    a, b = VLBertModel.load(first).state_dict(), VLBertModel.load(more).state_dict()
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=0, atol=0, msg=key)
+    # setting none from a model: written as it is and measured (MLM accuracy on the held-out captions)
+    measured = tmp_path / "measured"
+    _run(world, "none", measured, init_from=str(first))
+    clue = json.loads((measured / "visual_clue.json").read_text())
+    assert clue["captions"] == 2 and 0 <= clue["with_image"]["mlm_acc"] <= 1
+    assert json.loads((measured / "metrics.jsonl").read_text())["note"].startswith("not pre-trained further")
+
+
+def test_continued_pretraining_from_a_converted_released_checkpoint(world, tmp_path):
+    """A converted released VL-BERT (cut down, its masked-RoI head sized to this world's detector classes)
+    keeps its MLM and masked-RoI heads and continues pre-training with them: the released architecture (text-
+    only rows as word pieces + [END], geometry by centre and size) runs a step."""
+    import dataclasses
+
+    from test_convert_vlbert import cut_down, load, write_released
+
+    from vlbert_core.convert.__main__ import main as convert_main
+
+    manifest = cut_down(load("vl-bert-base-e2e"))
+    classes = NUM_FG_CLASSES + 1
+    tensors = {k: ((classes, *shape[1:]) if "region_cls_pred" in k else shape, dtype)
+               for k, (shape, dtype) in manifest.tensors.items()}
+    write_released(dataclasses.replace(manifest, tensors=tensors), tmp_path / "e2e.model")
+    assert convert_main(["vl-bert", str(tmp_path / "e2e.model"), str(tmp_path / "released"),
+                         "--bert-path", str(world["bert"])]) == 0
+    saved = _heads(tmp_path / "released")
+    out = tmp_path / "continued"
+    summary = _run(world, "full", out, cfg={"steps": 1, "lr_per_sample": 0.0}, init_from=str(tmp_path / "released"))
+    assert summary["steps"] == 1 and math.isfinite(summary["final"]["loss"])
+    assert json.loads((out / "config.json").read_text())["text_only_layout"] == "released"
+    torch.testing.assert_close(_heads(out)["roi_cls"]["classifier.weight"], saved["roi_cls"]["classifier.weight"])
 
 
 def test_changed_config_does_not_resume_foreign_checkpoint(world, tmp_path):

@@ -44,7 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--init-from", default=None,
                         help="continue pre-training this model directory, its pre-training heads included (ours, or "
                              "a released VL-BERT converted with `python -m vlbert_core.convert vl-bert`), instead "
-                             "of starting from BERT and the detector")
+                             "of starting from BERT and the detector; with --setting none, only measure it (its "
+                             "MLM accuracy on the held-out captions, visual_clue.json)")
     parser.add_argument("--device", help="cpu or cuda (default: the config's `device`)")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads per process (default: cores / processes on this node)")

@@ -221,8 +221,9 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
     config.json, metrics.jsonl, visual_clue.json}.
 
     `init_from`: a model directory (ours, or a released VL-BERT converted with `python -m vlbert_core.convert
-    vl-bert`) to continue pre-training, heads included, instead of starting from BERT and the detector; the
-    detector then only checks the RoIs' classes. `stop_after_step` ends the run right after that step's
+    vl-bert`) to continue pre-training, heads included, instead of starting from BERT and the detector; with
+    setting `none` it is written as it is and only measured (visual_clue.json: its MLM accuracy on the held-out
+    captions, with and without the image). `stop_after_step` ends the run right after that step's
     checkpoint without writing the final outputs, as an interruption would (used to test resuming). Returns a
     summary dict.
     """
@@ -234,8 +235,6 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
     seed_everything(seed)
 
     if init_from is not None:
-        if not spec.trains:
-            raise ValueError(f"setting {spec.name} trains nothing: there is nothing to continue from {init_from}")
         module = start_from_model(init_from, spec)
         model, config = module.model, module.model.config
     else:
@@ -256,7 +255,7 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
                               image_min_side=None if model_cfg.get("image_min_side") is None
                               else int(model_cfg["image_min_side"]))
 
-    if config.standardise_appearance:
+    if config.standardise_appearance and init_from is None:   # a given model keeps its own statistics
         boxes = measure_appearance_statistics(model, cc_shards, roi_parquets, tokenizer, stream_cfg, dev)
         log.info("appearance statistics from %d RoIs of the first training images", boxes)
 
@@ -265,14 +264,17 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
             model.save(out)
             save_pretraining_heads(module.heads, out)
             record = {"step": 0, "setting": spec.name, "steps": 0, "samples": 0,
-                      "note": "not pre-trained: the BERT-initialised model"}
+                      "note": "not pre-trained: the BERT-initialised model" if init_from is None
+                      else f"not pre-trained further: the model of {init_from}"}
             _write_metrics(out / METRICS_FILE, [record])
-            # The control: the visual term enters through zero-initialised LayerNorms, so both numbers match.
+            # The control: the visual term enters through zero-initialised LayerNorms, so both numbers match
+            # (for a BERT-initialised model; a model given by init_from is measured as it is).
             clue = run_visual_clue_check(module, cc_shards, roi_parquets, tokenizer, stream_cfg, out, dev)
             with TrainingEvents(out) as events:
                 events.write(record)
                 events.write(clue, "visual_clue", step=0)
-        log.info("setting %s: wrote the BERT-initialised model to %s without training", spec.name, out)
+        log.info("setting %s: wrote the %s model to %s without training", spec.name,
+                 "BERT-initialised" if init_from is None else init_from, out)
         if world_size > 1:
             dist.barrier()
         return {"setting": spec.name, "steps": 0}

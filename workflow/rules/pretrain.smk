@@ -13,6 +13,7 @@ rule pretrain:
         bert=bert_checkpoint_input(),  # weights.smk: model.bert_path when a rule makes it
     output:
         model="results/pretrain/{setting}/model.safetensors",
+        heads="results/pretrain/{setting}/heads.safetensors",
         config="results/pretrain/{setting}/config.json",
         metrics="results/pretrain/{setting}/metrics.jsonl",
         visual_clue="results/pretrain/{setting}/visual_clue.json",

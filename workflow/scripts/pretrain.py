@@ -12,7 +12,7 @@ from vlbert_core.utils import get_logger, setup_compute, setup_logging
 def main(smk) -> None:
     setup_logging(smk.log[0])
     out_dir = Path(smk.output["model"]).parent
-    for name in ("config", "metrics", "visual_clue"):
+    for name in ("heads", "config", "metrics", "visual_clue"):
         if Path(smk.output[name]).parent != out_dir:
             raise ValueError(f"rule pretrain: output '{name}' ({smk.output[name]}) must sit beside {smk.output['model']}")
     pretrain_cfg = {k: v for k, v in dict(smk.params["pretrain"]).items() if k != "launch"}
