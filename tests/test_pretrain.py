@@ -620,13 +620,14 @@ def test_workflow_script(world, tmp_path):
     smk = SimpleNamespace(
         input=_Namedlist(cc_shards=world["cc"], roi_parquets=world["rois"], text_shards=world["text"],
                          detector=world["detector"]),
-        output=_Namedlist(model=str(out / "model.safetensors"), config=str(out / "config.json"),
-                          metrics=str(out / "metrics.jsonl"), visual_clue=str(out / "visual_clue.json")),
+        output=_Namedlist(model=str(out / "model.safetensors"), heads=str(out / "heads.safetensors"),
+                          config=str(out / "config.json"), metrics=str(out / "metrics.jsonl"),
+                          visual_clue=str(out / "visual_clue.json")),
         params=_Namedlist(setting="b", model=model_cfg(world), pretrain=pretrain_cfg(steps=1), seed=0, device="cpu"),
         threads=1, log=[str(tmp_path / "log.txt")])
     script.main(smk)
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
-    assert (out / "visual_clue.json").is_file()
+    assert (out / "visual_clue.json").is_file() and set(_heads(out)) == {"mlm", "roi_cls"}
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 1 and {"mlm_loss", "roi_loss"} <= records[0].keys() and "rel_loss" not in records[0]
     assert "setting b done" in (tmp_path / "log.txt").read_text()
