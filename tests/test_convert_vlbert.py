@@ -142,11 +142,13 @@ def test_bottom_up_without_its_converter_writes_nothing(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory):
-    """(source arrays, converted model) of a cut-down vl-bert-base-e2e.model, through the CLI."""
+    """(source arrays in fp32, converted model) of a cut-down vl-bert-base-e2e.model (fp16, as released),
+    through the CLI."""
     root = tmp_path_factory.mktemp("e2e")
     arrays = write_released(cut_down(load("vl-bert-base-e2e")), root / "vl-bert-base-e2e.model")
     assert main(["vl-bert", str(root / "vl-bert-base-e2e.model"), str(root / "model"), "--bert-path", MINILM]) == 0
-    return {k: torch.from_numpy(v) for k, v in arrays.items()}, VLBertModel.load(root / "model").eval(), root
+    source = {k: torch.from_numpy(v).float() if v.dtype.kind == "f" else torch.from_numpy(v) for k, v in arrays.items()}
+    return source, VLBertModel.load(root / "model").eval(), root
 
 
 def test_converted_model_loads_strictly_and_reports_every_tensor(e2e):

@@ -184,7 +184,7 @@ def load_vcr_metadata(path: str | os.PathLike) -> VcrMetadata:
         names = [str(n) for n in meta["names"]]
         width, height = int(meta["width"]), int(meta["height"])
         segms = None
-        if meta.get("segms") is not None:
+        if meta.get("segms"):   # absent or empty: no segmentation, each object is its whole box
             segms = [[np.asarray(polygon, dtype=np.float32).reshape(-1, 2) for polygon in obj] for obj in meta["segms"]]
     except (json.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
         raise ValueError(f"VCR metadata {path}: {exc!r}") from exc
