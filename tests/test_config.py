@@ -220,18 +220,17 @@ def test_paper_config_plans_the_whole_table4_dag(name, tmp_path, bytecode_cache)
     assert not (tmp_path / "results").exists()
 
 
-def test_paper_base_with_init_from_fine_tunes_the_released_model_without_pretraining(tmp_path, bytecode_cache):
-    """pretrain.init_from (a converted released VL-BERT): setting `released` is fine-tuned from it and
-    evaluated for Tables 1-3, with no pretrain job of its own (empty stand-in files here)."""
+def _dry_run_paper_base_from(tmp_path, bytecode_cache, init_from: str, extra_yaml: str) -> str:
+    """Snakemake's dry-run plan of Table 4 on config/paper_base.yaml plus `extra_yaml`, with empty stand-ins of
+    the files a user obtains by hand and of the converted model directory `init_from`."""
     import os
 
     config = merged(load("paper_base.yaml"))
-    init_from = "resources/weights/vl-bert-base-e2e"
     for path in hand_obtained_inputs(config) + [f"{init_from}/model.safetensors", f"{init_from}/config.json"]:
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).touch()
     extra = tmp_path / "init_from.yaml"
-    extra.write_text(f"pretrain:\n  init_from: {init_from}\n")
+    extra.write_text(extra_yaml)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = str(bytecode_cache)
     proc = subprocess.run(
@@ -241,17 +240,40 @@ def test_paper_base_with_init_from_fine_tunes_the_released_model_without_pretrai
         capture_output=True, text=True, timeout=300, env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    table = proc.stdout.split("Job stats:", 1)[1].split("\n\n", 1)[0]
+    assert not (tmp_path / "results").exists()
+    return proc.stdout
+
+
+def test_paper_base_with_init_from_fine_tunes_the_released_model_without_pretraining(tmp_path, bytecode_cache):
+    """pretrain.init_from (a converted released VL-BERT): setting `released` is fine-tuned from it and
+    evaluated for Tables 1-3, with no pretrain job of its own (empty stand-in files here)."""
+    config = merged(load("paper_base.yaml"))
+    init_from = "resources/weights/vl-bert-base-e2e"
+    plan = _dry_run_paper_base_from(tmp_path, bytecode_cache, init_from, f"pretrain:\n  init_from: {init_from}\n")
+    table = plan.split("Job stats:", 1)[1].split("\n\n", 1)[0]
     counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.MULTILINE)}
     settings = len(config["pretrain"]["settings"])
     assert counts["pretrain"] == settings                  # none for `released`
     assert counts["finetune"] == 4 * settings + 4 * 3      # Tables 1-3: none, full and released
     assert counts["evaluate"] == 4 * settings + (2 + 1 + 6) * 3
     assert counts["derive_eval"] == 3
-    released_jobs = re.findall(r"rule finetune:\n\s+input: (\S+?),.*?\n\s+output: (\S+?),", proc.stdout)
+    released_jobs = re.findall(r"rule finetune:\n\s+input: (\S+?),.*?\n\s+output: (\S+?),", plan)
     released = [inp for inp, out in released_jobs if "/released/" in out]
     assert len(released) == 4 and set(released) == {f"{init_from}/model.safetensors"}
-    assert not (tmp_path / "results").exists()
+    # the pre-training jobs start from BERT: none of them reads the released model
+    pretrain_jobs = re.findall(r"rule pretrain:\n\s+input: ([^\n]+)", plan)
+    assert len(pretrain_jobs) == settings and not any(init_from in inputs for inputs in pretrain_jobs)
+
+
+def test_continue_init_from_pretrains_every_trained_setting_from_the_released_model(tmp_path, bytecode_cache):
+    """pretrain.continue_init_from: settings a-d and full continue pre-training the init_from model (its
+    heads.safetensors beside it), setting none stays the BERT initialisation."""
+    init_from = "resources/weights/vl-bert-base-e2e"
+    plan = _dry_run_paper_base_from(tmp_path, bytecode_cache, init_from,
+                                    f"pretrain:\n  init_from: {init_from}\n  continue_init_from: true\n")
+    jobs = re.findall(r"rule pretrain:\n\s+input: ([^\n]+)\n\s+output: results/pretrain/(\w+)/", plan)
+    starts = {setting: f"{init_from}/model.safetensors" in inputs for inputs, setting in jobs}
+    assert starts == {"none": False, "a": True, "b": True, "c": True, "d": True, "full": True}
 
 
 def test_conda_environment_mirrors_pyproject():

@@ -623,7 +623,8 @@ def test_workflow_script(world, tmp_path):
         output=_Namedlist(model=str(out / "model.safetensors"), heads=str(out / "heads.safetensors"),
                           config=str(out / "config.json"), metrics=str(out / "metrics.jsonl"),
                           visual_clue=str(out / "visual_clue.json")),
-        params=_Namedlist(setting="b", model=model_cfg(world), pretrain=pretrain_cfg(steps=1), seed=0, device="cpu"),
+        params=_Namedlist(setting="b", init_from=None, model=model_cfg(world), pretrain=pretrain_cfg(steps=1), seed=0,
+                          device="cpu"),
         threads=1, log=[str(tmp_path / "log.txt")])
     script.main(smk)
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()

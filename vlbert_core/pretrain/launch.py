@@ -58,12 +58,14 @@ class Launch:
 
 
 def pretrain_arguments(*, setting: str, config_file: str, cc_shards: Sequence[str], roi_parquets: Sequence[str],
-                       text_shards: Sequence[str], detector: str, out_dir: str) -> list[str]:
+                       text_shards: Sequence[str], detector: str, out_dir: str, init_from: str | None = None) -> list[str]:
     """The arguments of `python -m vlbert_core.pretrain` (see its __main__) for one setting."""
     args = ["--setting", setting, "--config", config_file, "--cc-shards", *cc_shards,
             "--roi-parquets", *roi_parquets, "--detector", detector, "--out", out_dir]
     if text_shards:
         args += ["--text-shards", *text_shards]
+    if init_from:
+        args += ["--init-from", init_from]
     return args
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from vlbert_core.fingerprint import code_fingerprint
 from vlbert_core.pretrain.launch import Launch
-from vlbert_core.pretrain.settings import RELEASED_SETTING
+from vlbert_core.pretrain.settings import RELEASED_SETTING, get_setting
 from vlbert_core.tables import table_specs
 from vlbert_core.tables.build import outcome_paths
 from vlbert_core.tables.seeds import check_seeds, seed_eval_paths
@@ -61,6 +61,12 @@ def stable(section):
 # pretrain.init_from: a converted released VL-BERT (python -m vlbert_core.convert vl-bert). When set,
 # setting `released` fine-tunes it directly (no pretrain job) and Tables 1-3 carry its row.
 INIT_FROM = config["pretrain"].get("init_from")
+# pretrain.continue_init_from: the settings that pre-train continue from INIT_FROM (and its heads) instead of BERT.
+CONTINUE_FROM = INIT_FROM if config["pretrain"].get("continue_init_from") else None
+if config["pretrain"].get("continue_init_from") and not INIT_FROM:
+    raise ValueError(
+        "config: pretrain.continue_init_from is true but pretrain.init_from names no model directory"
+    )
 # Tables 1-3 compare "w/o pre-training" with the full model (and the released one) at the full schedule.
 PAPER_TABLE_SETTINGS = ["none", "full"] + ([RELEASED_SETTING] if INIT_FROM else [])
 FINETUNE_SETTINGS = list(config["pretrain"]["settings"]) + (
@@ -145,6 +151,16 @@ def pretrain_cc_shards(wildcards):
 
 def pretrain_roi_parquets(wildcards):
     return [pq for split in config["cc"]["splits"] for pq in cc_roi_parquets(split)]
+
+
+def pretrain_start(wildcards):
+    """The model directory a pre-training continues (pretrain.continue_init_from), or None: from BERT."""
+    return CONTINUE_FROM if get_setting(wildcards.setting).trains else None
+
+
+def pretrain_start_input(wildcards):
+    start = pretrain_start(wildcards)
+    return [f"{start}/model.safetensors"] if start else []
 
 
 def pretrain_text_shards(wildcards):

@@ -11,6 +11,7 @@ rule pretrain:
         text_shards=pretrain_text_shards,
         detector=DETECTOR_MODEL,  # rois.smk: detector.weights or results/detector/model.pt
         bert=bert_checkpoint_input(),  # weights.smk: model.bert_path when a rule makes it
+        start=pretrain_start_input,  # common.smk: pretrain.init_from when pretrain.continue_init_from
     output:
         model="results/pretrain/{setting}/model.safetensors",
         heads="results/pretrain/{setting}/heads.safetensors",
@@ -29,6 +30,7 @@ rule pretrain:
         **pretrain_resources(),
     params:
         setting=lambda wc: wc.setting,
+        init_from=pretrain_start,
         model=stable(config["model"]),
         pretrain=stable(
             {k: v for k, v in config["pretrain"].items() if k != "settings"}

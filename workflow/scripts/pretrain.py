@@ -32,6 +32,7 @@ def main(smk) -> None:
             out_dir=str(out_dir),
             seed=int(smk.params["seed"]),
             device=str(smk.params["device"]),
+            init_from=smk.params["init_from"],
         )
         return
 
@@ -44,7 +45,7 @@ def main(smk) -> None:
     command = distributed_command(launch, pretrain_arguments(
         setting=smk.params["setting"], config_file=str(config_file), cc_shards=list(smk.input["cc_shards"]),
         roi_parquets=list(smk.input["roi_parquets"]), text_shards=list(getattr(smk.input, "text_shards", [])),
-        detector=str(smk.input["detector"]), out_dir=str(out_dir)))
+        detector=str(smk.input["detector"]), out_dir=str(out_dir), init_from=smk.params["init_from"]))
     log = get_logger("pretrain.launch")
     log.info("%d nodes x %d processes; each rank logs to %s/pretrain.rank<RANK>.log; running: %s",
              launch.nodes, launch.processes_per_node, out_dir, " ".join(command))
