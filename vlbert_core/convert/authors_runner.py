@@ -36,7 +36,6 @@ TASK_MODULES = {"pretrain": ("pretrain", "ResNetVLBERTForPretrainingMultitask"),
                 "refcoco": ("refcoco", "ResNetVLBERT"), "vcr": ("vcr", "ResNetVLBERT")}
 LAYOUT_TASKS = {"pretrain-e2e": "pretrain", "pretrain-prec": "pretrain", "vqa": "vqa", "refcoco": "refcoco",
                 "vcr": "vcr"}
-HIDDEN = 768
 
 
 def install_stand_ins() -> None:
@@ -85,13 +84,14 @@ def build_model(repo: str, task: str, config_file: str, vocab: str, workdir: str
         config.NETWORK.IMAGE_PRETRAINED, config.NETWORK.IMAGE_PRETRAINED_EPOCH = prefix, 0
     model_class = getattr(importlib.import_module(f"{package}.modules"), class_name)
     original_load = torch.load
+    hidden = int(config.NETWORK.VLBERT.hidden_size)
 
     def load(path, *args, **kwargs):
         if path is None:   # VQA's 'mlm' classifier reads BERT's MLM transform from the BERT file
-            return {"cls.predictions.transform.dense.weight": torch.zeros(HIDDEN, HIDDEN),
-                    "cls.predictions.transform.dense.bias": torch.zeros(HIDDEN),
-                    "cls.predictions.transform.LayerNorm.weight": torch.ones(HIDDEN),
-                    "cls.predictions.transform.LayerNorm.bias": torch.zeros(HIDDEN)}
+            return {"cls.predictions.transform.dense.weight": torch.zeros(hidden, hidden),
+                    "cls.predictions.transform.dense.bias": torch.zeros(hidden),
+                    "cls.predictions.transform.LayerNorm.weight": torch.ones(hidden),
+                    "cls.predictions.transform.LayerNorm.bias": torch.zeros(hidden)}
         kwargs.setdefault("weights_only", False)  # the runner's own throwaway files
         return original_load(path, *args, **kwargs)
 

@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("layout", choices=list(LAYOUTS))
     parser.add_argument("--authors-repo", required=True, type=Path, help="a checkout of jackroos/VL-BERT")
+    parser.add_argument("--authors-config", default=None,
+                        help="the authors' config of the checkpoint, relative to --authors-repo (default: the BASE one of "
+                             "LAYOUT, reference.LAYOUTS; e.g. cfgs/pretrain/large_e2e_16x16G_fp16.yaml for LARGE)")
     parser.add_argument("--authors-python", default=sys.executable,
                         help="the Python of the authors' environment (torch, torchvision, easydict, pyyaml, ...); "
                              "default: this one")
@@ -97,7 +100,7 @@ def convert_files(files: dict, layout, out_dir: Path) -> Path:
 
 def run_authors(args, layout, checkpoint: Path, vocab: Path, inputs_path: Path, out_path: Path) -> dict:
     command = [str(args.authors_python), str(RUNNER), "--repo", str(args.authors_repo), "--layout", layout.name,
-               "--config", layout.authors_config, "--checkpoint", str(checkpoint), "--vocab", str(vocab),
+               "--config", args.authors_config or layout.authors_config, "--checkpoint", str(checkpoint), "--vocab", str(vocab),
                "--inputs", str(inputs_path), "--out", str(out_path)]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
@@ -135,7 +138,7 @@ def verify(args) -> list[dict]:
             args.golden_out.mkdir(parents=True, exist_ok=True)
             save_arrays(inputs, args.golden_out / INPUTS_FILE.format(layout=layout.name))
             record = {"layout": layout.name, "manifest": Path(args.stand_in or "").stem, "seed": args.seed,
-                      "authors_config": layout.authors_config, "tolerance": TOLERANCE,
+                      "authors_config": args.authors_config or layout.authors_config, "tolerance": TOLERANCE,
                       "largest_differences": {r["stage"]: r["max_abs_diff"] for r in rows},
                       "stages": golden_numbers(theirs, args.seed)}
             (args.golden_out / NUMBERS_FILE.format(layout=layout.name)).write_text(
