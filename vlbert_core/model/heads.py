@@ -23,14 +23,14 @@ HEAD_NAMES = ("mlm", "roi_cls", "relationship")
 
 
 class PredictionTransform(nn.Module):
-    """BERT's head transform: dense -> activation -> LayerNorm (without the LayerNorm: the released MVRC
-    head's transform)."""
+    """BERT's prediction-head transform: dense -> activation -> LayerNorm; without the LayerNorm
+    (`layer_norm_eps` None) the released MVRC head's transform, which the authors' RefCOCO+ and VCR heads reuse."""
 
-    def __init__(self, config: VLBertConfig, layer_norm: bool = True):
+    def __init__(self, hidden_size: int, hidden_act: str, layer_norm_eps: float | None):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = activation_fn(config.hidden_act)
-        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if layer_norm else None
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.act = activation_fn(hidden_act)
+        self.layer_norm = None if layer_norm_eps is None else nn.LayerNorm(hidden_size, eps=layer_norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.act(self.dense(x))
@@ -71,7 +71,7 @@ class MLMHead(nn.Module):
 
     def __init__(self, config: VLBertConfig, word_embeddings: nn.Embedding):
         super().__init__()
-        self.transform = PredictionTransform(config)
+        self.transform = PredictionTransform(config.hidden_size, config.hidden_act, config.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
         # Kept out of this module's parameters (a plain attribute) so the tied matrix is owned once,
         # by the model's embeddings.
@@ -104,7 +104,8 @@ class MaskedRoIClassificationHead(nn.Module):
 
     def __init__(self, config: VLBertConfig):
         super().__init__()
-        self.transform = PredictionTransform(config, layer_norm=config.roi_cls_layer_norm)
+        self.transform = PredictionTransform(config.hidden_size, config.hidden_act,
+                                             config.layer_norm_eps if config.roi_cls_layer_norm else None)
         self.classifier = nn.Linear(config.hidden_size, config.num_object_classes)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

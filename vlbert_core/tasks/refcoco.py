@@ -296,7 +296,8 @@ class RefcocoTask(Task):
     def build_heads(self, config, meta):
         RefCOCOHead = model_side("modeling.refcoco", "RefCOCOHead")
 
-        return TaskHeads(RefCOCOHead(config.hidden_size, config.hidden_dropout_prob, layout=config.task_heads))
+        return TaskHeads(RefCOCOHead(config.hidden_size, config.hidden_dropout_prob, layout=config.task_heads,
+                                     hidden_act=config.hidden_act))
 
     def loss(self, model, out, extras, meta):
         RefCOCOHead = model_side("modeling.refcoco", "RefCOCOHead")

@@ -514,7 +514,8 @@ class VcrTask(Task):
 
         dropout, layout = config.hidden_dropout_prob, config.task_heads
         return TaskHeads(VCRHead(config.hidden_size, dropout, layout=layout, readout=config.sentence_readout),
-                         VCRRoIClassifier(config.hidden_size, len(meta["object_names"]), dropout, layout=layout))
+                         VCRRoIClassifier(config.hidden_size, len(meta["object_names"]), dropout, layout=layout,
+                                          hidden_act=config.hidden_act))
 
     def scores(self, model, output, batch):
         result = {"scores": model.head(output, batch, NUM_CANDIDATES)}

@@ -496,7 +496,8 @@ class VqaTask(Task):
         VQAHead = model_side("modeling.vqa", "VQAHead")
 
         return TaskHeads(VQAHead(config.hidden_size, len(meta["answers"]), meta["mask_id"],
-                                 config.hidden_dropout_prob, config.layer_norm_eps, layout=config.task_heads))
+                                 config.hidden_dropout_prob, config.layer_norm_eps, layout=config.task_heads,
+                                 hidden_act=config.hidden_act))
 
     def loss(self, model, out, extras, meta):
         loss = model.head.loss(out["logits"], extras["target"])

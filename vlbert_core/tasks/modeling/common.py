@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from vlbert_core.model.config import SENTENCE_READOUTS
 from vlbert_core.model.inputs import IMG, TEXT
@@ -60,19 +59,3 @@ HEAD_LAYOUTS = ("project", "released")
 def check_layout(layout: str) -> None:
     if layout not in HEAD_LAYOUTS:
         raise ValueError(f"task head layout must be one of {HEAD_LAYOUTS}, got {layout!r}")
-
-
-class HeadTransform(nn.Module):
-    """Linear(h, h) -> GELU (-> LayerNorm when layer_norm_eps is given): BERT's prediction-head transform,
-    and without the LayerNorm the released MVRC head transform that the authors' RefCOCO+ and VCR heads
-    reuse."""
-
-    def __init__(self, hidden_size: int, layer_norm_eps: float | None):
-        super().__init__()
-        self.dense = nn.Linear(hidden_size, hidden_size)
-        self.act = nn.GELU()
-        self.layer_norm = None if layer_norm_eps is None else nn.LayerNorm(hidden_size, eps=layer_norm_eps)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.act(self.dense(x))
-        return x if self.layer_norm is None else self.layer_norm(x)

@@ -13,6 +13,7 @@ from torch import nn
 
 from vlbert_core.model.batch import VLBertBatch, collate_samples
 from vlbert_core.model.initialization import init_new_parameters
+from vlbert_core.model.inputs import IGNORE_INDEX
 
 from ..common import rois_for_key
 from ..custom import image_key
@@ -44,11 +45,10 @@ class CustomData:
     """`[CLS] text [SEP] [IMG]...` with the image's detected RoIs; the target is the label index.
 
     `rows` are the `ok` rows of `tasks.custom.check_rows` (id, text, label, path); a user's query
-    (`CustomClassificationTask.query_data`) has label None and gets the target `UNLABELLED`.
+    (`CustomClassificationTask.query_data`) has label None and gets the target IGNORE_INDEX (no loss).
     """
 
     SPECIAL_TOKENS = 2  # [CLS] and [SEP] around the text
-    UNLABELLED = -100  # F.cross_entropy's ignore_index: a query without a label adds no loss
 
     def __init__(self, rows: Sequence[dict], rois: dict, rois_source: str, tokens: Tokens,
                  labels: Sequence[str], *, max_rois: int, max_text_len: int, images: ImageLoader):
@@ -71,7 +71,7 @@ class CustomData:
         ids, _ = truncate_pair(self.tokens.ids(row["text"]), None, self.max_text_len - self.SPECIAL_TOKENS)
         if row["label"] is not None and row["label"] not in self.label_index:
             raise ValueError(f"custom row {row['id']}: label {row['label']!r} is not one of {list(self.label_index)}")
-        target = self.UNLABELLED if row["label"] is None else self.label_index[row["label"]]
+        target = IGNORE_INDEX if row["label"] is None else self.label_index[row["label"]]
         return {"sequence": self.tokens.sequence(ids, None, len(boxes)), "image": image, "boxes": boxes,
                 "target": target, "id": row["id"], "image_key": key}
 

@@ -14,24 +14,25 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlbert_core.model.batch import VLBertBatch, collate_samples
+from vlbert_core.model.heads import PredictionTransform
 from vlbert_core.model.initialization import init_new_parameters
 
 from ..common import rois_for_key
 from ..refcoco import POSITIVE_IOU, RefcocoData, box_iou
 from ..samples import ImageLoader, Tokens, image_and_boxes, truncate_pair
-from .common import HeadTransform, check_layout, roi_outputs
+from .common import check_layout, roi_outputs
 
 
 class RefCOCOHead(nn.Module):
     """layout "project": Dropout-Linear-ReLU-Dropout-Linear; layout "released": the authors' final MLP,
     the MVRC head transform (Linear(h, h)-GELU) -> Dropout -> Linear(h, 1)."""
 
-    def __init__(self, hidden_size: int, dropout: float = 0.1, layout: str = "project"):
+    def __init__(self, hidden_size: int, dropout: float = 0.1, layout: str = "project", hidden_act: str = "gelu"):
         super().__init__()
         check_layout(layout)
         if layout == "released":
             self.mlp = nn.Sequential(OrderedDict([
-                ("transform", HeadTransform(hidden_size, layer_norm_eps=None)),
+                ("transform", PredictionTransform(hidden_size, hidden_act, layer_norm_eps=None)),
                 ("dropout", nn.Dropout(dropout)), ("linear", nn.Linear(hidden_size, 1))]))
         else:
             self.mlp = nn.Sequential(nn.Dropout(dropout), nn.Linear(hidden_size, hidden_size), nn.ReLU(),

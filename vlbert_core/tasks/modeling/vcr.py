@@ -14,12 +14,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlbert_core.model.batch import VLBertBatch, collate_samples
+from vlbert_core.model.heads import PredictionTransform
 from vlbert_core.model.initialization import init_new_parameters
 from vlbert_core.model.inputs import IGNORE_INDEX, TEXT, InputSequence
 
 from .. import vcr as vcr_lib
 from ..samples import ImageLoader, Tokens, image_and_boxes, truncate_pair
-from .common import HeadTransform, check_layout, check_readout, roi_outputs, sentence_output
+from .common import check_layout, check_readout, roi_outputs, sentence_output
 
 
 class VCRHead(nn.Module):
@@ -54,11 +55,13 @@ class VCRRoIClassifier(nn.Module):
     """layout "project": Dropout -> Linear; layout "released" (CNN_LOSS_TOP): the MVRC head transform
     (Linear(h, h)-GELU) first."""
 
-    def __init__(self, hidden_size: int, num_classes: int, dropout: float = 0.1, layout: str = "project"):
+    def __init__(self, hidden_size: int, num_classes: int, dropout: float = 0.1, layout: str = "project",
+                 hidden_act: str = "gelu"):
         super().__init__()
         check_layout(layout)
         self.num_classes = int(num_classes)
-        self.transform = HeadTransform(hidden_size, layer_norm_eps=None) if layout == "released" else None
+        self.transform = (PredictionTransform(hidden_size, hidden_act, layer_norm_eps=None) if layout == "released"
+                          else None)
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(hidden_size, num_classes)
         init_new_parameters(self)

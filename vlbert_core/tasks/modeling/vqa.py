@@ -12,12 +12,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlbert_core.model.batch import VLBertBatch, collate_samples
+from vlbert_core.model.heads import PredictionTransform
 from vlbert_core.model.initialization import init_new_parameters
 
 from ..common import rois_for_key
 from ..samples import ImageLoader, Tokens, image_and_boxes, truncate_pair
 from ..vqa import VqaQuestion, soft_targets
-from .common import HeadTransform, check_layout, mask_output
+from .common import check_layout, mask_output
 
 
 class VQAHead(nn.Module):
@@ -26,14 +27,14 @@ class VQAHead(nn.Module):
     LayerNorm) -> Dropout -> Linear(h, answers)."""
 
     def __init__(self, hidden_size: int, num_answers: int, mask_id: int, dropout: float = 0.1,
-                 layer_norm_eps: float = 1e-12, layout: str = "project"):
+                 layer_norm_eps: float = 1e-12, layout: str = "project", hidden_act: str = "gelu"):
         super().__init__()
         check_layout(layout)
         self.mask_id = int(mask_id)
         self.num_answers = int(num_answers)
         if layout == "released":
             self.classifier = nn.Sequential(OrderedDict([
-                ("transform", HeadTransform(hidden_size, layer_norm_eps=layer_norm_eps)),
+                ("transform", PredictionTransform(hidden_size, hidden_act, layer_norm_eps=layer_norm_eps)),
                 ("dropout", nn.Dropout(dropout)), ("linear", nn.Linear(hidden_size, num_answers))]))
         else:
             # the released '2fc' classifier widens to 1024 for hidden 768; 2 x hidden keeps that ratio roughly
