@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from vlbert_core.model.config import VLBertConfig
+from vlbert_core.model.encoder import BERT_LAYER_TENSORS
 from vlbert_core.model.heads import PretrainingHeads, save_pretraining_heads
 from vlbert_core.model.vlbert import VLBertModel
 from vlbert_core.tasks.base import Task
@@ -136,10 +137,7 @@ def body_rules(layout: SourceLayout, target_prefix: str) -> tuple[list[Rule], li
         Rule(v + r"visual_ln_object\.(weight|bias)", t + r"embeddings.visual_norm_object.\1"),
     ]
     layer = v + r"encoder\.layer\.(\d+)\."
-    for src, dst in (("attention.self.query", "attention.query"), ("attention.self.key", "attention.key"),
-                     ("attention.self.value", "attention.value"), ("attention.output.dense", "attention.output"),
-                     ("attention.output.LayerNorm", "attention_norm"), ("intermediate.dense", "intermediate"),
-                     ("output.dense", "output"), ("output.LayerNorm", "output_norm")):
+    for src, dst in BERT_LAYER_TENSORS:
         rules.append(Rule(layer + re.escape(src) + r"\.(weight|bias)", t + r"encoder.layers.\1." + dst + r".\2"))
     drops = [
         Drop(fe + r"head\.0\..+", "the same stage-5 module registered a second time (released FastRCNN.head = "

@@ -78,17 +78,15 @@ class VLBertEncoder(nn.Module):
         return x
 
 
+# The tensors of one BERT encoder layer: (name in BERT's layout, as transformers and the authors' code
+# (pytorch_pretrained_bert) both name them, name in this module), each with .weight and .bias.
+BERT_LAYER_TENSORS = (("attention.self.query", "attention.query"), ("attention.self.key", "attention.key"),
+                      ("attention.self.value", "attention.value"), ("attention.output.dense", "attention.output"),
+                      ("attention.output.LayerNorm", "attention_norm"), ("intermediate.dense", "intermediate"),
+                      ("output.dense", "output"), ("output.LayerNorm", "output_norm"))
+
+
 def bert_encoder_key_map(num_layers: int) -> dict[str, str]:
     """transformers BertModel state-dict key -> this module's key, for the first num_layers layers."""
-    mapping = {}
-    for i in range(num_layers):
-        src, dst = f"encoder.layer.{i}.", f"encoder.layers.{i}."
-        for suffix in ("weight", "bias"):
-            for name in ("query", "key", "value"):
-                mapping[f"{src}attention.self.{name}.{suffix}"] = f"{dst}attention.{name}.{suffix}"
-            mapping[f"{src}attention.output.dense.{suffix}"] = f"{dst}attention.output.{suffix}"
-            mapping[f"{src}attention.output.LayerNorm.{suffix}"] = f"{dst}attention_norm.{suffix}"
-            mapping[f"{src}intermediate.dense.{suffix}"] = f"{dst}intermediate.{suffix}"
-            mapping[f"{src}output.dense.{suffix}"] = f"{dst}output.{suffix}"
-            mapping[f"{src}output.LayerNorm.{suffix}"] = f"{dst}output_norm.{suffix}"
-    return mapping
+    return {f"encoder.layer.{i}.{bert}.{suffix}": f"encoder.layers.{i}.{ours}.{suffix}"
+            for i in range(num_layers) for bert, ours in BERT_LAYER_TENSORS for suffix in ("weight", "bias")}

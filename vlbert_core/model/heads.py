@@ -13,7 +13,7 @@ from vlbert_core.utils import load_safetensors, save_safetensors
 from .bert_init import load_bert_mlm_head_state, load_bert_state_dict
 from .config import VLBertConfig
 from .encoder import activation_fn
-from .initialization import INIT_STD, init_new_parameters
+from .initialization import INIT_STD, copy_tensors, init_new_parameters
 
 # The pre-training heads of a model directory, beside model.safetensors (which holds the model alone): what
 # continued pre-training starts from and what the MLM accuracy of a model is measured with. Keys are
@@ -85,18 +85,12 @@ class MLMHead(nn.Module):
                                   self.bias).reshape(*x.shape[:-1], self.bias.shape[0])
 
     def load_bert_state(self, state: dict[str, torch.Tensor]) -> None:
-        """BERT's cls.predictions.* weights with that prefix stripped."""
-        mapping = {"transform.dense.weight": "transform.dense.weight", "transform.dense.bias": "transform.dense.bias",
-                   "transform.LayerNorm.weight": "transform.layer_norm.weight",
-                   "transform.LayerNorm.bias": "transform.layer_norm.bias", "bias": "bias"}
-        own = self.state_dict()
-        with torch.no_grad():
-            for src, dst in mapping.items():
-                if src in state:
-                    if state[src].shape != own[dst].shape:
-                        raise ValueError(f"BERT MLM head weight {src} has shape {tuple(state[src].shape)}, "
-                                         f"expected {tuple(own[dst].shape)}")
-                    own[dst].copy_(state[src])
+        """BERT's cls.predictions.* weights with that prefix stripped (those the checkpoint has)."""
+        copy_tensors(self, state, {"transform.dense.weight": "transform.dense.weight",
+                                   "transform.dense.bias": "transform.dense.bias",
+                                   "transform.LayerNorm.weight": "transform.layer_norm.weight",
+                                   "transform.LayerNorm.bias": "transform.layer_norm.bias", "bias": "bias"},
+                     where="BERT MLM head", required=False)
 
 
 class MaskedRoIClassificationHead(nn.Module):
@@ -126,9 +120,8 @@ class RelationshipHead(nn.Module):
     def load_bert_pooler(self, bert_state: dict[str, torch.Tensor]) -> bool:
         if "pooler.dense.weight" not in bert_state:
             return False
-        with torch.no_grad():
-            self.pooler.weight.copy_(bert_state["pooler.dense.weight"])
-            self.pooler.bias.copy_(bert_state["pooler.dense.bias"])
+        copy_tensors(self, bert_state, {"pooler.dense.weight": "pooler.weight", "pooler.dense.bias": "pooler.bias"},
+                     where="BERT pooler")
         return True
 
 
@@ -192,9 +185,5 @@ def load_pretraining_heads(heads: PretrainingHeads, directory: str | os.PathLike
         if set(own) != set(state):
             raise ValueError(f"{Path(directory) / HEADS_FILE}: head {name!r} has keys {sorted(state)}, the model's "
                              f"has {sorted(own)}")
-        for key, value in state.items():
-            if tuple(value.shape) != tuple(own[key].shape):
-                raise ValueError(f"{Path(directory) / HEADS_FILE}: {name}.{key} has shape {tuple(value.shape)}, the "
-                                 f"model's {tuple(own[key].shape)}")
-        module.load_state_dict(state)
+        copy_tensors(module, state, {key: key for key in state}, where=f"{Path(directory) / HEADS_FILE} head {name!r}")
     return loaded

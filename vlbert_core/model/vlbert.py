@@ -17,7 +17,7 @@ from .bert_init import load_bert_state_dict, read_bert_config
 from .config import VLBertConfig
 from .embeddings import VLBertEmbeddings
 from .encoder import VLBertEncoder, bert_encoder_key_map
-from .initialization import INIT_STD, init_new_parameters
+from .initialization import INIT_STD, copy_tensors, init_new_parameters
 from .visual import FastRCNNVisualNetwork
 
 log = get_logger(__name__)
@@ -115,16 +115,8 @@ class VLBertModel(nn.Module):
         """Copy BERT's embeddings and first num_hidden_layers layers (transformers BertModel keys)."""
         mapping = dict(_BERT_EMBEDDING_KEYS)
         mapping.update(bert_encoder_key_map(self.config.num_hidden_layers))
-        own = self.state_dict()
-        missing = [k for k in mapping if k not in bert_state]
-        if missing:
-            raise ValueError(f"BERT checkpoint {self.config.bert_path!r} lacks {missing[:8]}")
+        copy_tensors(self, bert_state, mapping, where=f"BERT checkpoint {self.config.bert_path!r}")
         with torch.no_grad():
-            for src, dst in mapping.items():
-                if own[dst].shape != bert_state[src].shape:
-                    raise ValueError(f"BERT checkpoint {self.config.bert_path!r}: {src} has shape "
-                                     f"{tuple(bert_state[src].shape)}, the model expects {tuple(own[dst].shape)}")
-                own[dst].copy_(bert_state[src])
             # Segments A and B come from BERT's token types; segment C (visual) is new.
             token_types = bert_state.get("embeddings.token_type_embeddings.weight")
             if token_types is not None:
