@@ -148,7 +148,7 @@ def e2e(tmp_path_factory):
     arrays = write_released(cut_down(load("vl-bert-base-e2e")), root / "vl-bert-base-e2e.model")
     assert main(["vl-bert", str(root / "vl-bert-base-e2e.model"), str(root / "model"), "--bert-path", MINILM]) == 0
     source = {k: torch.from_numpy(v).float() if v.dtype.kind == "f" else torch.from_numpy(v) for k, v in arrays.items()}
-    return source, VLBertModel.load(root / "model").eval(), root
+    return source, VLBertModel.from_pretrained(root / "model").eval(), root
 
 
 def test_converted_model_loads_strictly_and_reports_every_tensor(e2e):
@@ -386,7 +386,7 @@ def test_vcr_checkpoint_maps_pooler_scorer_and_auxiliary_classifier():
     assert torch.equal(model.head.pooler.weight.detach(), source["module.vlbert._module.pooler.dense.weight"])
     assert torch.equal(model.head.score.bias.detach(), source["module.final_mlp.1.bias"])
     assert torch.equal(model.roi_classifier.classifier.weight.detach(), source["module.cnn_loss_reg.2.weight"])
-    assert torch.equal(model.vlbert.encoder.layers[0].output.weight.detach(),
+    assert torch.equal(model.encoder.encoder.layers[0].output.weight.detach(),
                        source["module.vlbert._module.encoder.layer.0.output.dense.weight"])
 
 

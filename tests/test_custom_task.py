@@ -240,7 +240,7 @@ def test_predict_answers_a_custom_model_as_the_evaluation_does(custom_task, tmp_
                               rois_paths=[str(tmp_path / "rois/val.parquet")])["custom_mine/val"]
     model, meta = load_finetuned(tmp_path / "ft")
     records, rois_source = read_task_rois([str(tmp_path / "rois/val.parquet")])
-    data = task.build_data("val", meta, sources=sources, tokens=Tokens(load_tokenizer(model.vlbert.config.bert_path)),
+    data = task.build_data("val", meta, sources=sources, tokens=Tokens(load_tokenizer(model.encoder.config.bert_path)),
                            images=ImageLoader(MODEL_CFG["image_max_side"]), max_rois=MODEL_CFG["max_rois"],
                            max_text_len=meta["max_text_len"], rois=records, rois_source=rois_source)
     probabilities = torch.cat([torch.softmax(o["logits"], dim=1)

@@ -231,8 +231,8 @@ def test_standardised_appearance_uses_the_measured_statistics(tmp_path):
         shifted.set_appearance_statistics(measured + 10.0)
         torch.testing.assert_close(shifted(boxes, appearance + 10.0, size), expected)
     # The statistics are part of the saved model.
-    standardised.save(tmp_path / "m")
-    torch.testing.assert_close(VLBertModel.load(tmp_path / "m").embeddings.visual_feature.appearance_mean,
+    standardised.save_pretrained(tmp_path / "m")
+    torch.testing.assert_close(VLBertModel.from_pretrained(tmp_path / "m").embeddings.visual_feature.appearance_mean,
                                measured.mean(0))
     with pytest.raises(ValueError, match="RoI features"):
         feature.set_appearance_statistics(torch.zeros(1, 8))
@@ -242,9 +242,9 @@ def test_save_and_load_roundtrip(tmp_path):
     model = tiny_model(seed=3)
     image, boxes = _scene(seed=1)
     batch = collate_samples([image_sample([3, 4], boxes, image)])
-    model.save(tmp_path / "m")
+    model.save_pretrained(tmp_path / "m")
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
-    loaded = VLBertModel.load(tmp_path / "m").eval()
+    loaded = VLBertModel.from_pretrained(tmp_path / "m").eval()
     assert loaded.config == model.config
     with torch.no_grad():
         torch.testing.assert_close(loaded(batch).sequence_output, model(batch).sequence_output)
@@ -253,14 +253,33 @@ def test_save_and_load_roundtrip(tmp_path):
     assert {n: p.requires_grad for n, p in loaded.named_parameters()} == \
            {n: p.requires_grad for n, p in model.named_parameters()}
     with pytest.raises(FileNotFoundError):
-        VLBertModel.load(tmp_path / "missing")
+        VLBertModel.from_pretrained(tmp_path / "missing")
     from safetensors.torch import load_file, save_file
 
     state = load_file(str(tmp_path / "m" / "model.safetensors"))
     state.pop(next(k for k in state if k.startswith("encoder.layers.0.")))
     save_file(state, str(tmp_path / "m" / "model.safetensors"))
     with pytest.raises(ValueError, match="missing.*encoder.layers.0."):
-        VLBertModel.load(tmp_path / "m")
+        VLBertModel.from_pretrained(tmp_path / "m")
+
+
+def test_a_model_directory_names_its_family_and_the_registry_builds_it(tmp_path):
+    import json
+
+    from vlbert_core import model_registry
+
+    tiny_model(seed=3).save_pretrained(tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["model_type"] == "vlbert"
+    assert type(model_registry.from_pretrained(tmp_path / "m")) is VLBertModel
+    # a directory written before model_type existed holds a VL-BERT
+    (tmp_path / "m" / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "model_type"}))
+    assert type(model_registry.from_pretrained(tmp_path / "m")) is VLBertModel
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "model_type": "lxmert"}))
+    with pytest.raises(ValueError, match="model_type 'lxmert' is not one of the registered families"):
+        model_registry.from_pretrained(tmp_path / "m")
+    with pytest.raises(ValueError, match="unknown model type 'lxmert'"):
+        model_registry.model_class("lxmert")
 
 
 # ---- the BERT port ----------------------------------------------------------------------------------

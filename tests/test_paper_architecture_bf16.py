@@ -122,7 +122,7 @@ def test_one_finetuning_step_in_bf16(tokenizer):
     target = torch.tensor([[0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.9, 0.3]])
 
     model = FinetuneModel("vqa", VLBertModel(paper_config(tune_frcnn=False)), meta).train()
-    dtypes = record_dtypes(model.vlbert)
+    dtypes = record_dtypes(model.encoder)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss, stats = model.loss(batch, {"target": target})
     assert dtypes["intermediate"] == torch.bfloat16

@@ -76,7 +76,7 @@ def _evaluation_scores(model_dir: Path, eval_task: str, sources: dict, rois=()):
 
     model, meta = load_finetuned(model_dir)
     records, source = read_task_rois([str(r) for r in rois])
-    data = model.task.build_data("val", meta, sources=sources, tokens=Tokens(load_tokenizer(model.vlbert.config.bert_path)),
+    data = model.task.build_data("val", meta, sources=sources, tokens=Tokens(load_tokenizer(model.encoder.config.bert_path)),
                                  images=ImageLoader(MODEL_CFG["image_max_side"]), max_rois=MODEL_CFG["max_rois"],
                                  max_text_len=meta["max_text_len"], rois=records, rois_source=source,
                                  eval_task=eval_task)

@@ -452,7 +452,7 @@ def test_setting_none_writes_bert_initialised_model(world, tmp_path):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert records == [{"step": 0, "setting": "none", "steps": 0, "samples": 0,
                         "note": "not pre-trained: the BERT-initialised model"}]
-    model = VLBertModel.load(tmp_path)
+    model = VLBertModel.from_pretrained(tmp_path)
     from transformers import BertModel
 
     bert = BertModel.from_pretrained(world["bert"], local_files_only=True)
@@ -473,7 +473,7 @@ def test_pretraining_measures_appearance_statistics_on_training_images(world, to
     cfg = dict(model_cfg(world), standardise_appearance=True)
     pretrain("none", world["cc"], world["rois"], world["text"], world["detector"], cfg, pretrain_cfg(), str(tmp_path),
              seed=7, device="cpu")
-    saved = VLBertModel.load(tmp_path).embeddings.visual_feature
+    saved = VLBertModel.from_pretrained(tmp_path).embeddings.visual_feature
     # The statistics are those of the RoI features of the images right after the held-out ones (never the
     # held-out images the visual-clue check uses), measured with the detector-initialised visual network.
     detector, meta = load_detector(world["detector"])
@@ -558,7 +558,7 @@ def test_continued_pretraining_starts_from_the_saved_model_and_heads(world, tmp_
     for head in ("mlm", "roi_cls"):
         for key, value in saved[head].items():
             torch.testing.assert_close(continued[head][key], value, rtol=0, atol=0)
-    a, b = VLBertModel.load(first).state_dict(), VLBertModel.load(more).state_dict()
+    a, b = VLBertModel.from_pretrained(first).state_dict(), VLBertModel.from_pretrained(more).state_dict()
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=0, msg=key)
     # setting none from a model: written as it is and measured (MLM accuracy on the held-out captions)

@@ -174,7 +174,7 @@ def test_fp16_checkpoint_converts_to_the_same_values_in_fp32(tmp_path):
     arrays = write_released(cut_down(load("vl-bert-base-e2e")), tmp_path / "e2e.model")
     assert arrays["module.vlbert.word_embeddings.weight"].dtype == np.float16
     assert convert_main(["vl-bert", str(tmp_path / "e2e.model"), str(tmp_path / "m"), "--bert-path", MINILM]) == 0
-    model = VLBertModel.load(tmp_path / "m")
+    model = VLBertModel.from_pretrained(tmp_path / "m")
     assert model.embeddings.word_embeddings.weight.dtype == torch.float32
     torch.testing.assert_close(model.visual_network.body.bn1.running_var,
                                torch.from_numpy(arrays["module.image_feature_extractor.backbone.bn1.running_var"]).float(),

@@ -404,7 +404,7 @@ def save_tiny_pretrained(directory: Path) -> None:
                           visual_backbone={"stage_widths": [8, 8, 16, 16], "blocks_per_stage": [1, 1, 1, 1],
                                            "block": "basic"},
                           appearance_dim=16, geometry_dim=16, num_object_classes=3, bert_path=SPEC)
-    VLBertModel.from_bert(config, None).save(directory)
+    VLBertModel.from_bert(config, None).save_pretrained(directory)
 
 
 HPARAMS = {"epochs": 1, "batch_size": 2, "lr": 1e-3, "optimizer": "adamw", "warmup_steps": 1,
@@ -459,7 +459,7 @@ def test_forward_shared_images_equals_the_plain_forward(world, tokenizer):
     from vlbert_core.tasks.samples import ImageLoader, Tokens
 
     root, sources = world
-    model = VLBertModel.load(root / "pretrained").eval()
+    model = VLBertModel.from_pretrained(root / "pretrained").eval()
     data = VcrData(vcr_lib.load_vcr(sources["vcr"]["annotations"].format(split="val")), "q2a",
                    sources["vcr"]["images"], Tokens(tokenizer), ["car", "dog", "person"], max_rois=5,
                    max_text_len=24, images=ImageLoader(32))
@@ -561,9 +561,9 @@ def test_tiny_finetune_and_evaluate_every_task(world, tmp_path):
 
     meta = _finetune(world, "vqa", tmp_path / "ft/vqa_tuned", max_examples=2, tune_frcnn=True)
     assert meta["tune_frcnn"] and meta["total_steps"] == 1
-    before = VLBertModel.load(root / "pretrained").visual_network.state_dict()
+    before = VLBertModel.from_pretrained(root / "pretrained").visual_network.state_dict()
     after, _ = load_finetuned(tmp_path / "ft/vqa_tuned")
-    after = after.vlbert.visual_network.state_dict()
+    after = after.encoder.visual_network.state_dict()
     assert not torch.equal(before["head.layer4.0.conv1.weight"], after["head.layer4.0.conv1.weight"])
     assert torch.equal(before["body.conv1.weight"], after["body.conv1.weight"])
 
@@ -604,22 +604,35 @@ def test_a_vcr_model_fine_tuned_on_the_mean_text_output_keeps_reading_it(world, 
     meta = _finetune(world, "vcr_q2a", tmp_path / "ft", sentence_readout="text_mean")
     assert meta["sentence_readout"] == "text_mean"
     model, saved_meta = load_finetuned(tmp_path / "ft")
-    assert model.vlbert.config.sentence_readout == "text_mean" and model.head.readout == "text_mean"
+    assert model.encoder.config.sentence_readout == "text_mean" and model.head.readout == "text_mean"
     assert saved_meta["sentence_readout"] == "text_mean"
     # prediction reads what training read: the same weights told to read [CLS] score otherwise
     shutil.copytree(tmp_path / "ft", tmp_path / "as_cls")
     payload = json.loads((tmp_path / "as_cls/config.json").read_text())
-    payload["vlbert"]["sentence_readout"] = "cls"
+    payload["encoder"]["sentence_readout"] = "cls"
     (tmp_path / "as_cls/config.json").write_text(json.dumps(payload))
     probabilities = {}
     for name in ("ft", "as_cls"):
         bundle = predict_splits(tmp_path / name, [("vcr_q2a", "val")], sources=sources["vcr"], model_cfg=MODEL_CFG)
         probabilities[name] = [row["probabilities"] for row in bundle["vcr_q2a/val"]]
     assert len(probabilities["ft"]) == 2 and probabilities["ft"] != probabilities["as_cls"]
-    payload["vlbert"]["sentence_readout"] = "mean"
+    payload["encoder"]["sentence_readout"] = "mean"
     (tmp_path / "as_cls/config.json").write_text(json.dumps(payload))
     with pytest.raises(ValueError, match="sentence_readout must be one of.*'mean'"):
         load_finetuned(tmp_path / "as_cls")
+    # a fine-tuned directory written before model families (the config under "vlbert", weights under
+    # "vlbert.") loads as the same model
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(tmp_path / "ft", tmp_path / "legacy")
+    payload = json.loads((tmp_path / "legacy/config.json").read_text())
+    legacy = {"vlbert": {k: v for k, v in payload.pop("encoder").items() if k != "model_type"}, **payload}
+    (tmp_path / "legacy/config.json").write_text(json.dumps(legacy))
+    state = load_file(str(tmp_path / "legacy/model.safetensors"))
+    save_file({("vlbert." + k[len("encoder."):] if k.startswith("encoder.") else k): v for k, v in state.items()},
+              str(tmp_path / "legacy/model.safetensors"))
+    bundle = predict_splits(tmp_path / "legacy", [("vcr_q2a", "val")], sources=sources["vcr"], model_cfg=MODEL_CFG)
+    assert [row["probabilities"] for row in bundle["vcr_q2a/val"]] == probabilities["ft"]
 
 
 # ---------------------------------------------------------------- the Snakemake entry points
@@ -761,7 +774,7 @@ def test_finetune_starts_from_a_converted_released_model(world, tmp_path):
                     rois_paths=[str(root / "rois/refcoco/train.parquet")], seed=0)
     assert meta["setting"] == "released" and meta["total_steps"] >= 1
     model, _ = load_finetuned(tmp_path / "ft")
-    assert model.vlbert.config.visual_backbone["pixel_format"] == "bgr255_caffe"
+    assert model.encoder.config.visual_backbone["pixel_format"] == "bgr255_caffe"
     assert model.head.mlp.transform.layer_norm is None     # the released RefCOCO+ head
     _evaluate(tmp_path / "ft", [("refcoco_det", "val")], tmp_path / "ev", sources["refcoco"],
               [root / "rois/refcoco/val.parquet"])

@@ -348,13 +348,13 @@ def our_outputs(layout: ReleasedLayout, model_dir: str | Path, inputs: dict[str,
     from vlbert_core.model.config import visual_pixel_format
 
     if layout.task is None:
-        vlbert = VLBertModel.load(model_dir).eval()
+        vlbert = VLBertModel.from_pretrained(model_dir).eval()
         finetuned = None
     else:
         from vlbert_core.tasks.finetune import load_finetuned
 
         finetuned, _ = load_finetuned(model_dir)
-        vlbert = finetuned.vlbert
+        vlbert = finetuned.encoder
     images = normalised_images(inputs, visual_pixel_format(vlbert.config))
     image_samples = _image_samples(inputs, images)
     features = None if not layout.precomputed else to_torch(inputs["features"])

@@ -263,7 +263,7 @@ def _visual_from_resnet(visual: dict[str, torch.Tensor] | None, visual_name: str
 class Converted:
     config: VLBertConfig
     layout: SourceLayout
-    state: dict[str, torch.Tensor]      # our keys (prefixed 'vlbert.' for a fine-tuned model)
+    state: dict[str, torch.Tensor]      # our keys (prefixed 'encoder.' for a fine-tuned model)
     report: ConversionReport
     # a pre-trained checkpoint's pre-training heads, PretrainingHeads keys (mlm.*, roi_cls.*, relationship.*)
     heads: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -295,7 +295,7 @@ def convert_vlbert_state(source: dict[str, torch.Tensor], *, source_name: str, b
         visual_fill, backbone, visual_reason = _visual_from_resnet(visual, visual_name, source_name)
     config = build_config(source, layout, backbone, bert_path, source_name)
 
-    prefix = "" if layout.kind == "pretrained" else "vlbert."
+    prefix = "" if layout.kind == "pretrained" else "encoder."
     rules, drops, aliases = body_rules(layout, prefix)
     task_rules: list[Rule] = []
     if layout.kind != "pretrained":
@@ -433,7 +433,7 @@ def convert_vlbert(in_path: str | os.PathLike, out_dir: str | os.PathLike, *, be
         model = VLBertModel(converted.config)
         if meta is None:
             model.load_state_dict(converted.state, strict=True)
-            model.save(tmp)
+            model.save_pretrained(tmp)
             heads = PretrainingHeads(converted.config, model.word_embeddings(), **converted.heads_present())
             heads.load_state_dict(converted.heads, strict=True)
             save_pretraining_heads(heads, tmp)

@@ -125,6 +125,11 @@ class VLBertConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "VLBertConfig":
+        """The config of its to_dict(), or of a saved config.json (whose model_type, if given, must be vlbert)."""
+        d = dict(d)
+        model_type = d.pop("model_type", "vlbert")
+        if model_type != "vlbert":
+            raise ValueError(f"VLBertConfig.from_dict: a {model_type!r} config, not a VL-BERT one")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:

@@ -6,10 +6,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch import nn
 
+from vlbert_core.model_registry import CONFIG_FILE, MODEL_FILE, load_state_exactly, read_config
 from vlbert_core.utils import atomic_path, get_logger, load_safetensors, save_safetensors
 
 from .batch import VLBertBatch
@@ -22,8 +24,6 @@ from .visual import FastRCNNVisualNetwork
 
 log = get_logger(__name__)
 
-MODEL_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
 
 _BERT_EMBEDDING_KEYS = {
     "embeddings.word_embeddings.weight": "embeddings.word_embeddings.weight",
@@ -40,6 +40,9 @@ class VLBertOutput:
 
 
 class VLBertModel(nn.Module):
+    model_type: ClassVar[str] = "vlbert"
+    config_class: ClassVar[type] = VLBertConfig
+
     def __init__(self, config: VLBertConfig):
         super().__init__()
         self.config = config
@@ -143,28 +146,30 @@ class VLBertModel(nn.Module):
                  sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6)
         return model
 
-    def save(self, directory: str | os.PathLike) -> None:
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """model.safetensors and config.json (with its model_type) into `directory`."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         save_safetensors(self.state_dict(), directory / MODEL_FILE)
         with atomic_path(directory / CONFIG_FILE) as tmp:
-            tmp.write_text(json.dumps(self.config.to_dict(), indent=2, sort_keys=True) + "\n")
+            tmp.write_text(json.dumps({"model_type": self.model_type, **self.config.to_dict()}, indent=2,
+                                      sort_keys=True) + "\n")
 
     @classmethod
-    def load(cls, directory: str | os.PathLike) -> "VLBertModel":
+    def from_pretrained(cls, directory: str | os.PathLike) -> "VLBertModel":
         directory = Path(directory)
         config_path, weights_path = directory / CONFIG_FILE, directory / MODEL_FILE
-        for path in (config_path, weights_path):
-            if not path.is_file():
-                raise FileNotFoundError(f"VLBertModel.load: {path} does not exist")
+        if not weights_path.is_file():
+            raise FileNotFoundError(f"VLBertModel.from_pretrained: {weights_path} does not exist")
+        model_type, fields = read_config(directory)
+        if model_type != cls.model_type:
+            raise ValueError(f"{config_path}: a {model_type} model, not a {cls.model_type} one "
+                             f"(vlbert_core.model_registry.from_pretrained builds any family)")
         try:
-            config = VLBertConfig.from_dict(json.loads(config_path.read_text()))
+            config = VLBertConfig.from_dict(fields)
         except (ValueError, TypeError) as exc:
-            raise ValueError(f"VLBertModel.load: {config_path}: {exc}") from exc
+            raise ValueError(f"VLBertModel.from_pretrained: {config_path}: {exc}") from exc
         with torch.device("meta"):  # every tensor comes from the file: no random init to throw away
             model = cls(config)
-        missing, unexpected = model.load_state_dict(load_safetensors(weights_path), strict=False, assign=True)
-        if missing or unexpected:
-            raise ValueError(f"VLBertModel.load: {weights_path} does not match {config_path}: missing "
-                             f"{sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}")
+        load_state_exactly(model, load_safetensors(weights_path), weights_path, config_path)
         return model

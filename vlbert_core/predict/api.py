@@ -92,7 +92,7 @@ class Predictor:
 
         self.model, self.meta = load_finetuned(self.model_dir)
         self.model.to(device)
-        config = self.model.vlbert.config
+        config = self.model.encoder.config
         self.tokens = Tokens(load_tokenizer(config.bert_path))
         self.images = ImageLoader.from_settings(self.meta, visual_pixel_format(config))
 

@@ -70,6 +70,8 @@ def _require(cfg: Mapping[str, Any], keys: tuple[str, ...], section: str) -> Non
 def build_vlbert_config(model_cfg: Mapping[str, Any], detector_meta: Mapping[str, Any], *, tune_frcnn: bool) -> VLBertConfig:
     """VLBertConfig from the config's `model:` section, the BERT checkpoint and the detector checkpoint."""
     _require(model_cfg, MODEL_KEYS, "model")
+    if model_cfg.get("type", VLBertModel.model_type) != VLBertModel.model_type:
+        raise ValueError(f"model.type {model_cfg['type']!r}: pre-training builds {VLBertModel.model_type} models only")
     backbone = {k: v for k, v in dict(detector_meta["config"]["backbone"]).items() if k != "init_weights"}
     if model_cfg.get("visual_head_dilation") is not None:
         # released: the detector's stage 5 re-used per RoI at stride 1, dilation 2 (IMAGE_C5_DILATED)
@@ -196,12 +198,12 @@ def run_visual_clue_check(module: VLBertForPretraining, cc_shards: list, roi_par
 
 
 def start_from_model(init_from: str | os.PathLike, spec: PretrainSetting) -> VLBertForPretraining:
-    """The model of the directory `init_from` (VLBertModel.load: ours, or a converted released VL-BERT) with
+    """The model of the directory `init_from` (ours, or a converted released VL-BERT) with
     its pre-training heads (heads.safetensors), to continue pre-training it in setting `spec`.
 
     The architecture is the directory's; the setting decides whether the visual network is tuned. A head the
     setting trains but the directory lacks starts as in a fresh run (BERT's MLM head, else N(0, 0.02))."""
-    saved = VLBertModel.load(init_from)
+    saved = VLBertModel.from_pretrained(init_from)
     config = VLBertConfig.from_dict({**saved.config.to_dict(), "tune_frcnn": spec.tune_frcnn})
     model = VLBertModel(config)
     model.load_state_dict(saved.state_dict())
@@ -261,7 +263,7 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
 
     if not spec.trains:
         if is_main:
-            model.save(out)
+            model.save_pretrained(out)
             save_pretraining_heads(module.heads, out)
             record = {"step": 0, "setting": spec.name, "steps": 0, "samples": 0,
                       "note": "not pre-trained: the BERT-initialised model" if init_from is None
@@ -392,7 +394,7 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
     skipped = sum((Counter(s) for s in _gather(dict(batches.skipped()), world_size)), Counter())
     log.info("setting %s done: %d steps, skipped samples (all ranks) %s", spec.name, step, dict(skipped))
     if is_main:
-        module.model.save(out)
+        module.model.save_pretrained(out)
         save_pretraining_heads(module.heads, out)
         _write_metrics(out / METRICS_FILE, metrics)
         clue = run_visual_clue_check(module, cc_shards, roi_parquets, tokenizer, stream_cfg, out, dev)

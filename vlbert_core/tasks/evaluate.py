@@ -63,8 +63,8 @@ def predict_splits(model_dir: str | os.PathLike, targets: list[tuple[str, str]],
         if owner.name != meta["name"]:
             raise ValueError(f"eval task {eval_task} needs a {owner.name} "
                              f"model; {model_dir} was fine-tuned on {meta['name']}")
-    tokens = Tokens(load_tokenizer(model.vlbert.config.bert_path))
-    images = ImageLoader.from_settings(model_cfg, visual_pixel_format(model.vlbert.config))
+    tokens = Tokens(load_tokenizer(model.encoder.config.bert_path))
+    images = ImageLoader.from_settings(model_cfg, visual_pixel_format(model.encoder.config))
     rois, rois_source = read_task_rois(list(rois_paths))
     batch_size = int(meta["batch_size"])
     task = model.task

@@ -1,12 +1,12 @@
 """Fine-tuning: one training loop for VCR (Q->A, QA->R), VQA and RefCOCO+.
 
-The loop (`finetune`) loads the pre-trained VL-BERT, adds the task head, trains for
+The loop (`finetune`) loads the pre-trained model (vlbert_core.model_registry), adds the task head, trains for
 `epochs x schedule_factor` passes over the training split with the configured optimiser
 (AdamW, or SGD with momentum), linear warm-up then linear decay (AdamW) or step decay (SGD),
 gradient clipping, and writes into the fine-tune directory:
-- `model.safetensors`: the VL-BERT weights under `vlbert.` and the head(s) under `head.` /
+- `model.safetensors`: the pre-trained model's weights under `encoder.` and the head(s) under `head.` /
   `roi_classifier.`;
-- `config.json`: {"vlbert": VLBertConfig, "task": task meta (answer vocabulary for VQA, object
+- `config.json`: {"encoder": its model_type and config, "task": task meta (answer vocabulary for VQA, object
   names for VCR, text/box limits, schedule and step counts)};
 - `metrics.jsonl`: one row per step (loss, lr, task statistics);
 - `tensorboard/`: the same rows as TensorBoard scalars, written as training goes (tensorboard_log.py).
@@ -31,8 +31,10 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from vlbert_core.model import VLBertConfig, VLBertModel, VLBertOutput, load_tokenizer
+from vlbert_core.model import VLBertOutput, load_tokenizer
 from vlbert_core.model.config import visual_pixel_format
+from vlbert_core.model_registry import (CONFIG_FILE, MODEL_FILE, build_model, from_pretrained, load_state_exactly,
+                                        split_model_type)
 from vlbert_core.optim import (OptimizerSettings, build_optimizer, build_scheduler, warmup_linear_decay,
                                warmup_step_decay)
 from vlbert_core.resume import load_resume_checkpoint, rng_state, run_fingerprint, set_rng_state
@@ -46,11 +48,12 @@ from .samples import ImageLoader, Tokens
 
 log = get_logger(__name__)
 
-MODEL_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_FILE = "checkpoint.pt"
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2  # 2: the pre-trained model under `encoder.` (was `vlbert.`)
+# A fine-tuned model directory written before model families: its config.json holds the VL-BERT config under
+# this key and its weights are prefixed with it.
+LEGACY_ENCODER_KEY = "vlbert"
 # Defaults of the optional hyper-parameters; config/schema.yaml fills the same values.
 HPARAM_DEFAULTS = {"momentum": 0.9, "lr_steps": [], "warmup_steps": 0, "clip_grad": 1.0,
                    "weight_decay": 0.0001, "aux_roi_loss_weight": 0.5, "max_text_len": 64,
@@ -75,7 +78,7 @@ def resolve_hparams(task: str, hparams: Mapping[str, Any]) -> dict:
 FEATURE_CACHE_MB = 1024  # bound of the frozen RoI-feature cache (LRU), per process
 
 
-def forward_shared_images(vlbert: VLBertModel, batch, group: int) -> VLBertOutput:
+def forward_shared_images(vlbert, batch, group: int) -> VLBertOutput:
     """VL-BERT forward where each run of `group` consecutive rows shares one image and its boxes.
 
     The visual network runs once per image and its RoI features are repeated for the rows of
@@ -153,17 +156,18 @@ class FrozenRoIFeatureCache:
 
 
 class FinetuneModel(nn.Module):
-    """VL-BERT with the head(s) of one task; `loss` for training, `scores` for prediction."""
+    """A pre-trained model (`encoder`, of a registered family: vlbert_core.model_registry) with the head(s) of one
+    task; `loss` for training, `scores` for prediction."""
 
-    def __init__(self, task: str, vlbert: VLBertModel, meta: Mapping[str, Any]):
+    def __init__(self, task: str, encoder: nn.Module, meta: Mapping[str, Any]):
         super().__init__()
         self.task: Task = get_task(task)
         self.meta = dict(meta)
-        self.vlbert = vlbert
-        cfg = vlbert.config
+        self.encoder = encoder
+        cfg = encoder.config
         # plain attribute, not a submodule: the cache holds no parameters of its own
         self.feature_cache = (None if cfg.tune_frcnn
-                              else FrozenRoIFeatureCache(vlbert.visual_network, cfg.appearance_dim))
+                              else FrozenRoIFeatureCache(encoder.visual_network, cfg.appearance_dim))
         task_heads = self.task.build_heads(cfg, meta)
         self.head, self.roi_classifier = task_heads.head, task_heads.roi_classifier
 
@@ -171,8 +175,8 @@ class FinetuneModel(nn.Module):
         """VL-BERT outputs; the frozen visual network's features come from the cache."""
         if self.feature_cache is not None and extras is not None and "image_keys" in extras:
             features = self.feature_cache.features(batch, extras["image_keys"])
-            return self.vlbert.encode(batch, roi_features=features)
-        return forward_shared_images(self.vlbert, batch, self.task.rows_per_image)
+            return self.encoder.encode(batch, roi_features=features)
+        return forward_shared_images(self.encoder, batch, self.task.rows_per_image)
 
     def scores(self, batch, extras: Mapping[str, Any] | None = None) -> dict[str, torch.Tensor]:
         return self.task.scores(self, self.encode(batch, extras), batch)
@@ -291,16 +295,16 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
     hp = resolve_hparams(task, hparams)
     out_dir = Path(out_dir)
     seed_everything(seed)
-    pretrained = VLBertModel.load(pretrained_dir)
+    pretrained = from_pretrained(pretrained_dir)
     # tune_frcnn is a fine-tuning choice: rebuild with it so the visual network (un)freezes itself
     # so are the task heads' layout (model.task_heads) when the config names one
     # and what the task's sentence-level head reads (finetune.sentence_readout)
     overrides = {"tune_frcnn": bool(tune_frcnn), "sentence_readout": str(sentence_readout)}
     if model_cfg.get("task_heads") is not None:
         overrides["task_heads"] = str(model_cfg["task_heads"])
-    config = VLBertConfig.from_dict({**pretrained.config.to_dict(), **overrides})
-    vlbert = VLBertModel(config)
-    vlbert.load_state_dict(pretrained.state_dict())
+    config = pretrained.config_class.from_dict({**pretrained.config.to_dict(), **overrides})
+    encoder = type(pretrained)(config)
+    encoder.load_state_dict(pretrained.state_dict())
     del pretrained
 
     tokens = Tokens(load_tokenizer(config.bert_path))
@@ -313,7 +317,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
                             "sentence_readout": config.sentence_readout,
                             "max_rois": max_rois, "image_max_side": int(model_cfg["image_max_side"]),
                             "image_min_side": images.min_side,
-                            "instance_mask_size": vlbert.visual_network.stage5_size(),
+                            "instance_mask_size": encoder.visual_network.stage5_size(),
                             "max_text_len": max_text_len, "batch_size": int(hp["batch_size"]),
                             "mask_id": tokens.mask_id}
     common = dict(sources=sources, tokens=tokens, images=images, max_rois=max_rois,
@@ -322,7 +326,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
     task_def.prepare(meta, hp, sources)
     data = task_def.build_data(task_def.train_split, meta, **common)
 
-    model = FinetuneModel(task, vlbert, meta).to(device)
+    model = FinetuneModel(task, encoder, meta).to(device)
     model.train()
     optimizer = build_optimizer(model, optimizer_settings(hp))
     plan = schedule_steps(len(data), hp, schedule_factor)
@@ -419,9 +423,12 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
 
 
 def save_finetuned(model: FinetuneModel, meta: Mapping[str, Any], out_dir: str | os.PathLike) -> None:
+    """model.safetensors (the encoder under `encoder.`, the task heads) and config.json ({"encoder": its
+    model_type and config, "task": the task meta})."""
     out_dir = Path(out_dir)
     save_safetensors(model.state_dict(), out_dir / MODEL_FILE, metadata={"task": model.task.name})
-    payload = {"vlbert": model.vlbert.config.to_dict(), "task": dict(meta)}
+    payload = {"encoder": {"model_type": model.encoder.model_type, **model.encoder.config.to_dict()},
+               "task": dict(meta)}
     with atomic_path(out_dir / CONFIG_FILE) as tmp:
         tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
@@ -434,14 +441,16 @@ def load_finetuned(directory: str | os.PathLike) -> tuple[FinetuneModel, dict]:
         if not path.is_file():
             raise FileNotFoundError(f"fine-tuned model: {path} does not exist")
     payload = json.loads(config_path.read_text())
-    if "vlbert" not in payload or "task" not in payload:
-        raise ValueError(f"{config_path} is not a fine-tuned model config (needs 'vlbert' and 'task')")
+    encoder_key = "encoder" if "encoder" in payload else LEGACY_ENCODER_KEY
+    if encoder_key not in payload or "task" not in payload:
+        raise ValueError(f"{config_path} is not a fine-tuned model config (needs 'encoder' and 'task')")
+    model_type, fields = split_model_type(payload[encoder_key], str(config_path))
     meta = payload["task"]
+    state = load_safetensors(weights_path)
+    if encoder_key == LEGACY_ENCODER_KEY:
+        state = {("encoder." + k[len("vlbert."):] if k.startswith("vlbert.") else k): v for k, v in state.items()}
     with torch.device("meta"):  # every tensor comes from the file: no random init to throw away
-        model = FinetuneModel(meta["name"], VLBertModel(VLBertConfig.from_dict(payload["vlbert"])), meta)
-    missing, unexpected = model.load_state_dict(load_safetensors(weights_path), strict=False, assign=True)
-    if missing or unexpected:
-        raise ValueError(f"{weights_path} does not match {config_path}: missing {sorted(missing)[:8]}, "
-                         f"unexpected {sorted(unexpected)[:8]}")
+        model = FinetuneModel(meta["name"], build_model(model_type, fields), meta)
+    load_state_exactly(model, state, weights_path, config_path)
     model.eval()
     return model, meta
