@@ -10,8 +10,7 @@ import argparse
 import importlib
 import sys
 
-from vlbert_core.tasks.registry import get_task
-
+from .released_heads import RELEASED_HEADS
 from .vlbert import PUBLISHED_PRETRAINED, released_task_names, released_vocabularies, vocabulary_option
 
 BOTTOM_UP_MODULE = "vlbert_core.convert.bottom_up"
@@ -49,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the task of a fine-tuned checkpoint, read off its head; needed only to pick another "
                          "of the tasks that share one released head (the first of them by default)")
     for key, what in released_vocabularies().items():
-        users = [name for name in tasks if key in dict(get_task(name).released_vocabularies)]
+        users = [name for name in tasks if key in dict(RELEASED_HEADS[name].vocabularies)]
         vl.add_argument(vocabulary_option(key), dest=key, default=None,
                         help=f"{' / '.join(users)}: {what}, one a line")
 

@@ -4,7 +4,7 @@ Inputs (jackroos/VL-BERT, torch.save({'state_dict': <DataParallel state dict, 'm
 - pre-trained `vl-bert-{base,large}-{e2e,prec}.model` -> a VLBertModel directory (model.safetensors +
   config.json, as pre-training writes it; `pretrain.init_from` and fine-tuning read it);
 - fine-tuned checkpoints of a registered task that knows its released head (VQA, RefCOCO+, VCR:
-  `Task.released_head_rules`) -> a fine-tuned model directory (as tasks.finetune's `save_finetuned`
+  convert/released_heads.py) -> a fine-tuned model directory (as tasks.finetune's `save_finetuned`
   writes it), with the task head in the released layout (`task_heads: released`).
 Every source tensor is mapped or dropped with a reason (conversion_report.json beside the weights);
 tensors the source registers twice are checked to be equal. The "prec" checkpoints and the VQA one hold no
@@ -28,11 +28,11 @@ from vlbert_core.model.config import VLBertConfig
 from vlbert_core.model.encoder import BERT_LAYER_TENSORS
 from vlbert_core.model.heads import PretrainingHeads, save_pretraining_heads
 from vlbert_core.model.vlbert import VLBertModel
-from vlbert_core.tasks.base import Task
-from vlbert_core.tasks.registry import get_task, registered_tasks
+from vlbert_core.tasks.registry import get_task
 
 from .accounting import ConversionError, ConversionReport, Drop, Rule, convert_state_dict
 from .manifest import read_published
+from .released_heads import RELEASED_HEADS, ReleasedHead
 from .resnet import BN_COUNTER, convert_resnet_state, resnet_layout
 
 PUBLISHED_PRETRAINED = ("vl-bert-base-e2e.model", "vl-bert-large-e2e.model", "vl-bert-base-prec.model",
@@ -87,23 +87,21 @@ def detect_layout(keys: list[str], source_name: str) -> SourceLayout:
     rules, drops, _ = body_rules(body, "vlbert.")
     body_patterns = [re.compile(r.pattern) for r in [*rules, *drops]]
     head_keys = sorted(k for k in keys if not any(p.fullmatch(k) for p in body_patterns))
-    tasks = [task for task in registered_tasks() if _holds_released_head(task(), head_keys, prefix)]
+    tasks = [name for name, head in RELEASED_HEADS.items() if _holds_released_head(head, head_keys, prefix)]
     if not tasks:
-        known = [task.name for task in registered_tasks() if task().released_head_rules(re.escape(prefix))]
         raise ConversionError(f"{source_name}: neither pre-training heads (vlbert.mlm_head.*) nor the released "
-                              f"head of a registered task ({known}) found; the tensors outside VL-BERT's body "
+                              f"head of a task ({list(RELEASED_HEADS)}) found; the tensors outside VL-BERT's body "
                               f"are {head_keys[:8]}")
-    datasets = sorted({task.dataset for task in tasks})
+    datasets = sorted({get_task(name).dataset for name in tasks})
     if len(datasets) > 1:
-        raise ConversionError(f"{source_name}: the head fits the released heads of tasks "
-                              f"{[task.name for task in tasks]} of several datasets {datasets}")
-    return SourceLayout(kind=datasets[0], vlbert_prefix=prefix, end_to_end=end_to_end,
-                        tasks=tuple(task.name for task in tasks))
+        raise ConversionError(f"{source_name}: the head fits the released heads of tasks {tasks} of several "
+                              f"datasets {datasets}")
+    return SourceLayout(kind=datasets[0], vlbert_prefix=prefix, end_to_end=end_to_end, tasks=tuple(tasks))
 
 
-def _holds_released_head(task: Task, head_keys: list[str], vlbert_prefix: str) -> bool:
-    """The task's released head rules each match a key, and together cover every key outside the body."""
-    patterns = [re.compile(pattern) for pattern, _ in task.released_head_rules(re.escape(vlbert_prefix))]
+def _holds_released_head(head: ReleasedHead, head_keys: list[str], vlbert_prefix: str) -> bool:
+    """The head's rules each match a key, and together cover every key outside the body."""
+    patterns = [re.compile(pattern) for pattern, _ in head.rules(re.escape(vlbert_prefix))]
     return bool(patterns) and all(any(p.fullmatch(k) for k in head_keys) for p in patterns) and \
         all(any(p.fullmatch(k) for p in patterns) for k in head_keys)
 
@@ -179,9 +177,9 @@ def pretraining_head_rules(layout: SourceLayout, relationship: bool) -> tuple[li
 
 def head_rules(layout: SourceLayout, task: str) -> list[Rule]:
     """The head of a fine-tuned checkpoint -> FinetuneModel's `head.*` / `roi_classifier.*` (released layout),
-    as the task says (`Task.released_head_rules`)."""
+    as convert/released_heads.py says."""
     return [Rule(pattern, target) for pattern, target in
-            get_task(task).released_head_rules(re.escape(layout.vlbert_prefix))]
+            RELEASED_HEADS[task].rules(re.escape(layout.vlbert_prefix))]
 
 
 def check_aliases(source: dict[str, torch.Tensor], aliases: list[tuple[str, str]], source_name: str) -> None:
@@ -352,17 +350,17 @@ def convert_vlbert_state(source: dict[str, torch.Tensor], *, source_name: str, b
 
 
 def released_vocabularies() -> dict[str, str]:
-    """{meta key: what its file lists} of every registered task's released checkpoint (`--answers`, ...)."""
+    """{meta key: what its file lists} of every released fine-tuned checkpoint's head (`--answers`, ...)."""
     vocabularies: dict[str, str] = {}
-    for task in registered_tasks():
-        for key, what in task.released_vocabularies:
+    for head in RELEASED_HEADS.values():
+        for key, what in head.vocabularies:
             vocabularies.setdefault(key, what)
     return vocabularies
 
 
 def released_task_names() -> list[str]:
-    """The registered tasks whose released fine-tuned checkpoints convert (`--task` choices)."""
-    return [task.name for task in registered_tasks() if task().released_head_rules(re.escape("vlbert."))]
+    """The tasks whose released fine-tuned checkpoints convert (`--task` choices)."""
+    return list(RELEASED_HEADS)
 
 
 def task_meta_for(layout: SourceLayout, task: str | None, *, bert_path: str, vocabularies: dict[str, list[str]],
@@ -382,12 +380,12 @@ def task_meta_for(layout: SourceLayout, task: str | None, *, bert_path: str, voc
                             "image_max_side": 1000, "image_min_side": 600, "instance_mask_size": 14,
                             "max_text_len": 64, "batch_size": 64,
                             "mask_id": int(load_tokenizer(bert_path).mask_token_id)}
-    task_class = get_task(task)
-    for key, what in task_class.released_vocabularies:
+    head = RELEASED_HEADS[task]
+    for key, what in head.vocabularies:
         if not vocabularies.get(key):
             raise ConversionError(f"{source_name}: a {task} checkpoint needs {what} ({vocabulary_option(key)}, "
                                   "one a line)")
-    meta.update(task_class.released_meta(vocabularies))
+    meta.update(head.task_meta(vocabularies))
     return meta
 
 

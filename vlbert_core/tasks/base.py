@@ -83,10 +83,6 @@ class Task:
     # modules (relative to the vlbert_core package) that only this task's dataset uses; a job of
     # another task leaves them out of its code fingerprint
     owned_modules: ClassVar[tuple[str, ...]] = ()
-    # the lists the head of the authors' released fine-tuned checkpoint of this task needs in the
-    # task meta, which the checkpoint does not hold: (meta key, what its file lists, one a line);
-    # the converter reads each from `--<meta key with - for _>` (python -m vlbert_core.convert)
-    released_vocabularies: ClassVar[tuple[tuple[str, str], ...]] = ()
     # the results tables: the task's table of the paper (one object shared by the classes of one
     # table) and its columns of Table 4, the ablation
     paper_table: ClassVar[PaperTable | None] = None
@@ -181,23 +177,6 @@ class Task:
         """(metric value in percent, rows to write as the predictions file) against the official
         annotation files; torch-free. Each row carries its per-example outcome (`outcome_field`)."""
         raise NotImplementedError
-
-    # ---- the authors' released fine-tuned checkpoints (python -m vlbert_core.convert vl-bert) --------
-
-    def released_head_rules(self, vlbert: str) -> tuple[tuple[str, str], ...]:
-        """How the head of the authors' fine-tuned checkpoint of this task maps onto this task's
-        heads in the released layout (`task_heads: released`): (full-match regex of a checkpoint
-        key, `re` template of our `head.*` / `roi_classifier.*` key) pairs; () when the authors
-        released none. Checkpoint keys have 'module.' taken off; `vlbert` is the regex of the
-        checkpoint's VL-BERT prefix ('vlbert.', or VCR's 'vlbert._module.'). The converter takes
-        a checkpoint for this task when these rules, each matching a key, cover every key outside
-        VL-BERT's body."""
-        return ()
-
-    def released_meta(self, vocabularies: Mapping[str, list[str]]) -> dict[str, Any]:
-        """The task meta entries of a converted released checkpoint beyond the shared ones, from
-        the lists named in `released_vocabularies` (each given and non-empty)."""
-        return {key: list(vocabularies[key]) for key, _ in self.released_vocabularies}
 
     def derived_inputs(self, derived: str) -> tuple[str, ...]:
         """The eval tasks whose prediction files the derived eval task `derived` is scored from."""

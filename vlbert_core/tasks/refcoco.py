@@ -366,8 +366,3 @@ class RefcocoTask(Task):
 
     def score(self, eval_task, split, rows, sources, where):
         return score_refcoco(rows, sources["refs"], sources["instances"], split, where)
-
-    def released_head_rules(self, vlbert):
-        # the authors' final_mlp: dense, GELU (final_mlp.0), dropout, one score per box (final_mlp.2)
-        return ((r"final_mlp\.0\.dense\.(weight|bias)", r"head.mlp.transform.dense.\1"),
-                (r"final_mlp\.2\.(weight|bias)", r"head.mlp.linear.\1"))

@@ -483,8 +483,6 @@ class VcrTask(Task):
     metric = "accuracy"
     rows_per_image = NUM_CANDIDATES
     owned_modules = ("tasks/vcr.py", "tasks/modeling/vcr.py")
-    released_vocabularies = (("object_names", "the classes of the auxiliary RoI classifier, in the order "
-                                              "of its rows (81 in the authors' checkpoint)"),)
     paper_table = VCR_TABLE
     example_key = ("annot_id",)
 
@@ -639,18 +637,6 @@ class VcrTask(Task):
     def score(self, eval_task, split, rows, sources, where):
         return score_vcr(rows, split_path(sources["annotations"], split), self.mode, where)
 
-    def released_head_rules(self, vlbert):
-        # one released head serves Q->A and QA->R: VL-BERT's pooler (inside TimeDistributed,
-        # `vlbert._module.`) feeds the 1-unit scorer final_mlp.1; cnn_loss_reg is the auxiliary
-        # RoI classifier
-        return ((vlbert + r"pooler\.dense\.(weight|bias)", r"head.pooler.\1"),
-                (r"final_mlp\.1\.(weight|bias)", r"head.score.\1"),
-                (r"cnn_loss_reg\.0\.dense\.(weight|bias)", r"roi_classifier.transform.dense.\1"),
-                (r"cnn_loss_reg\.2\.(weight|bias)", r"roi_classifier.classifier.\1"))
-
-    def released_meta(self, vocabularies):
-        # the authors' VCR configs weigh the auxiliary RoI loss 1.0
-        return {**super().released_meta(vocabularies), "aux_roi_loss_weight": 1.0}
 
 
 class VcrQ2ATask(VcrTask):

@@ -465,8 +465,6 @@ class VqaTask(Task):
     roi_dataset = "vqa"
     required_hparams = ("num_answers",)
     owned_modules = ("tasks/vqa.py", "tasks/modeling/vqa.py")
-    released_vocabularies = (("answers", "the answer list, in the order of the classifier's rows (3,129 "
-                                         "in the authors' checkpoint)"),)
     paper_table = VQA_TABLE
     ablation_columns = (TableColumn("vqa_test_dev", "VQA test-dev", "vqa", "val", split_label=VQA_HELD_OUT),)
     example_key = ("question_id",)
@@ -541,9 +539,3 @@ class VqaTask(Task):
     def score(self, eval_task, split, rows, sources, where):
         return score_vqa(rows, split_path(sources["questions"], split),
                          split_path(sources["annotations"], split), where)
-
-    def released_head_rules(self, vlbert):
-        # the authors' final_mlp: dense, GELU, LayerNorm (final_mlp.0), dropout, answer classifier (final_mlp.2)
-        return ((r"final_mlp\.0\.dense\.(weight|bias)", r"head.classifier.transform.dense.\1"),
-                (r"final_mlp\.0\.LayerNorm\.(weight|bias)", r"head.classifier.transform.layer_norm.\1"),
-                (r"final_mlp\.2\.(weight|bias)", r"head.classifier.linear.\1"))
