@@ -59,3 +59,17 @@ def test_disabled_writer_writes_nothing(tmp_path):
     with TrainingEvents(tmp_path, enabled=False) as events:
         events.write({"step": 1, "loss": 1.0})
     assert not (tmp_path / EVENTS_DIR).exists()
+
+
+def test_a_resumed_runs_event_file_never_shares_the_interrupted_ones_second(tmp_path):
+    """Event files are read in name order; a resumed run's file named in the same second as the interrupted
+    run's could sort first ('...0.10' < '...0.9') and take the purge of the steps trained again with it."""
+    import time
+
+    from vlbert_core.tensorboard_log import wait_for_a_new_second
+
+    second = int(time.time())
+    (tmp_path / f"events.out.tfevents.{second}.host.1.9").write_bytes(b"")
+    (tmp_path / "not-an-event-file").write_bytes(b"")
+    wait_for_a_new_second(tmp_path)
+    assert int(time.time()) != second

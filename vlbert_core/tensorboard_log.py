@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,19 @@ def _numbers(record: Mapping[str, Any], prefix: str, *, top: bool) -> Iterator[t
             yield tag, float(value)
 
 
+def wait_for_a_new_second(directory: Path) -> None:
+    """Return once the clock's second differs from that in the names of `directory`'s event files.
+
+    TensorBoard reads a directory's event files in name order, and a name is `events.out.tfevents.<unix
+    second>.<host>.<pid>.<counter>`: a resumed run's file written in the same second as the interrupted run's
+    (a quick requeue, a test) could sort before it, its counter being compared as text ('10' < '9'), and then
+    the purge of the steps trained again would apply to the wrong file."""
+    seconds = {name.split(".")[3] for name in (f.name for f in directory.glob("events.out.tfevents.*"))
+               if len(name.split(".")) > 3}
+    while str(int(time.time())) in seconds:
+        time.sleep(0.05)
+
+
 class TrainingEvents:
     """The event files of one training run in <out_dir>/tensorboard/; a no-op where `enabled` is false
     (every rank but 0 under DDP).
@@ -56,6 +70,8 @@ class TrainingEvents:
             shutil.rmtree(self.directory)  # the curves of an earlier run of this output directory
         from torch.utils.tensorboard import SummaryWriter  # tensorboard loads only where a loop writes events
 
+        if resume_step is not None:
+            wait_for_a_new_second(self.directory)
         self.writer = SummaryWriter(str(self.directory), flush_secs=FLUSH_SECONDS, purge_step=resume_step)
 
     def write(self, record: Mapping[str, Any], section: str = "train", step: int | None = None) -> None:
