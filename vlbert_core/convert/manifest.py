@@ -72,13 +72,15 @@ def stand_in_tensors(manifest: Manifest, seed: int = 0) -> dict[str, np.ndarray]
 
 def write_stand_in(manifest: Manifest, path: str | os.PathLike, seed: int = 0,
                    overrides: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-    """Write a file laid out as `manifest` says, with random values (or `overrides` where given).
-    Returns the arrays written, so a test can compute expected outputs from them by hand."""
+    """Write a file laid out as `manifest` says, with random values (or `overrides` where given; when they
+    cover every tensor, no random value is drawn). Returns the arrays written, so a test can compute expected
+    outputs from them by hand."""
     from ..utils import atomic_path
 
-    arrays = stand_in_tensors(manifest, seed)
-    for key, value in (overrides or {}).items():
-        if key not in arrays:
+    overrides = overrides or {}
+    arrays = {} if set(manifest.tensors) <= set(overrides) else stand_in_tensors(manifest, seed)
+    for key, value in overrides.items():
+        if key not in manifest.tensors:
             raise KeyError(f"override {key!r} is not in manifest {manifest.file}")
         arrays[key] = value
     if manifest.format == "torch":
