@@ -100,8 +100,8 @@ def convert_files(files: dict, layout, out_dir: Path) -> Path:
 
 def run_authors(args, layout, checkpoint: Path, vocab: Path, inputs_path: Path, out_path: Path) -> dict:
     command = [str(args.authors_python), str(RUNNER), "--repo", str(args.authors_repo), "--layout", layout.name,
-               "--config", args.authors_config or layout.authors_config, "--checkpoint", str(checkpoint), "--vocab", str(vocab),
-               "--inputs", str(inputs_path), "--out", str(out_path)]
+               "--config", args.authors_config or layout.authors_config, "--checkpoint", str(checkpoint),
+               "--vocab", str(vocab), "--inputs", str(inputs_path), "--out", str(out_path)]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"the authors' model failed ({' '.join(command)}):\n{result.stderr[-4000:]}")
@@ -122,8 +122,8 @@ def verify(args) -> list[dict]:
                      "vocabularies": {"answers": args.answers, "object_names": args.object_names}}
         converted = convert_files(files, layout, workdir / "converted")
         inputs = reference_inputs(layout, args.seed)
-        config = json.loads((converted / "config.json").read_text())   # a fine-tuned model's holds 'vlbert'
-        pixel_format = visual_pixel_format(VLBertConfig.from_dict(config.get("vlbert", config)))
+        config = json.loads((converted / "config.json").read_text())   # a fine-tuned model's holds 'encoder'
+        pixel_format = visual_pixel_format(VLBertConfig.from_dict(config.get("encoder", config)))
         runner_inputs = dict(inputs, normalised_images=normalised_images(inputs, pixel_format))
         inputs_path = workdir / "inputs.npz"
         save_arrays(runner_inputs, inputs_path)
