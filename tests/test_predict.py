@@ -276,4 +276,5 @@ def test_bad_input_is_an_error_naming_it(world, runs, tmp_path):  # noqa: F811
     result = subprocess.run([sys.executable, "-m", "vlbert_core.predict", "--model", str(tmp_path / "nowhere"),
                              "--image", image, "--text", "Is it a dog?"], cwd=REPO, capture_output=True, text=True,
                             timeout=120)
-    assert (result.returncode, result.stderr.strip()) == (1, f"error: model directory {tmp_path}/nowhere does not exist")
+    assert (result.returncode, result.stderr.strip()) == \
+        (1, f"python -m vlbert_core.predict: error: model directory {tmp_path}/nowhere does not exist")

@@ -71,8 +71,21 @@ def load_torch_file(path: str | os.PathLike, what: str) -> Any:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: {what} not found")
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path}: empty file, not {what}")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise ValueError(f"{path}: not {what} readable with torch.load(weights_only=True) — only tensors and "
-                         f"plain containers are loaded ({type(e).__name__}: {str(e)[:300]})") from e
+        raise ValueError(f"{path}: not {what} readable as plain tensors and containers "
+                         f"({type(e).__name__}: {_first_sentence(e)}); the file is damaged, cut short or not "
+                         f"{what}") from None
+
+
+def _first_sentence(exc: BaseException) -> str:
+    """The gist of a loader's error: its first line, without torch's advice to load with weights_only=False,
+    which would run code from the file (this project never does)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    for marker in ("Weights only load failed", "weights_only"):
+        if marker in text:
+            return "it holds more than tensors and plain containers"
+    return text[:200]

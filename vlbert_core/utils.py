@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 def setup_logging(log_path: str | os.PathLike | None, level: int = logging.INFO) -> logging.Logger:
     """Send the `vlbert` logger (and warnings) to the rule's log file and to stderr.
 
-    Progress bars (tqdm) write to stderr, which Snakemake shows live; the log file keeps the record.
+    Progress (vlbert_core.progress) is a live bar on a terminal and plain log lines elsewhere.
     """
     logger = logging.getLogger("vlbert")
     logger.setLevel(level)
@@ -83,11 +83,19 @@ def save_safetensors(state_dict: Mapping[str, "torch.Tensor"], path: str | os.Pa
 
 def load_safetensors(path: str | os.PathLike,
                      keep: Callable[[str], bool] | None = None) -> dict[str, "torch.Tensor"]:
-    """The tensors of a safetensors file (only the keys `keep` accepts, when given), on CPU."""
-    from safetensors import safe_open
+    """The tensors of a safetensors file (only the keys `keep` accepts, when given), on CPU. A missing, truncated
+    or foreign file is an error naming it."""
+    from safetensors import SafetensorError, safe_open
 
-    with safe_open(str(path), "pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys() if keep is None or keep(k)}
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    try:
+        with safe_open(str(path), "pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys() if keep is None or keep(k)}
+    except SafetensorError as exc:
+        raise ValueError(f"{path}: not a readable safetensors file ({exc}); it is damaged or was cut short: write "
+                         "it again (re-run the job or the conversion that makes it)") from None
 
 
 def seed_everything(seed: int) -> None:
@@ -140,14 +148,41 @@ def setup_compute(threads: int) -> None:
             torch.set_num_interop_threads(1)
 
 
+def read_yaml(path: str | Path, what: str = "config") -> dict:
+    """A YAML mapping (an empty file: {}); a file that is not YAML, or not a mapping, is an error naming it and
+    the line."""
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{what} {path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start})") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"{what} {path}{where}: not valid YAML ({problem})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} {path}: expected a mapping of keys, got {type(data).__name__}")
+    return data
+
+
 def read_jsonl(path: str | Path, line_field: str | None = None) -> list[dict]:
     """Every row of a JSON-lines file (blank lines skipped); names the file and line of one that is not a
     JSON object. With `line_field`, each row also gets its 1-based line number under that key."""
     import json
 
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{path} line {number}: not UTF-8 text (byte {raw[err.start]:#04x} at column "
+                                 f"{err.start + 1}); save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:

@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from vlbert_core.cli import run_command
+
 from .released_heads import RELEASED_HEADS
 from .vlbert import PUBLISHED_PRETRAINED, released_task_names, released_vocabularies, vocabulary_option
 
@@ -114,4 +116,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main, "python -m vlbert_core.convert"))

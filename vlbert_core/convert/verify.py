@@ -161,4 +161,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from vlbert_core.cli import run_command
+
+    sys.exit(run_command(main, "python -m vlbert_core.convert.verify"))

@@ -8,7 +8,7 @@ import re
 import time
 from typing import Any, Mapping, NamedTuple
 
-from tqdm import tqdm
+from vlbert_core.progress import Progress
 
 from vlbert_core.data import status as st
 from vlbert_core.data.downloader import Downloader
@@ -117,7 +117,7 @@ def download_cc_shard(
     accounting = ShardAccounting(row_start, row_stop)
     failures_logged = 0
     started = time.monotonic()
-    with downloader, TarShardWriter(out_tar) as writer, tqdm(
+    with downloader, TarShardWriter(out_tar) as writer, Progress(
         total=rows_in, desc=f"{split}-{shard:05d}", unit="row", mininterval=2.0
     ) as progress:
         for outcome in imap_ordered(process, part.rows, downloader.threads):

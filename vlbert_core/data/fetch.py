@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 import urllib3
 import urllib3.exceptions
-from tqdm import tqdm
+from vlbert_core.progress import Progress
 
 from vlbert_core.data.downloader import HTTP_SCHEMES, REDIRECT_CODES, USER_AGENT, HttpPools
 from vlbert_core.utils import get_logger
@@ -141,7 +141,7 @@ def _attempt(spec: FetchSpec, part: Path, pools: HttpPools, timeout_s: float) ->
             offset = 0
         total = _total_size(response, offset)
         mode = "ab" if offset else "wb"
-        with open(part, mode) as handle, tqdm(
+        with open(part, mode) as handle, Progress(
             total=total, initial=offset, unit="B", unit_scale=True, desc=Path(spec.path).name, mininterval=5.0
         ) as progress:
             try:

@@ -28,7 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm import tqdm
+from vlbert_core.progress import Progress
 
 from vlbert_core.data.reader import CCRow, iter_cc_tsv, num_shards_of, shard_bounds
 from vlbert_core.parquet import AtomicParquetWriter
@@ -73,7 +73,7 @@ def _repeated_url_hashes(tsv: str | os.PathLike) -> tuple[int, set[int]]:
     seen: set[int] = set()
     repeated: set[int] = set()
     num_rows = 0
-    for row in tqdm(iter_cc_tsv(tsv), desc="count rows", unit="row", mininterval=5.0):
+    for row in Progress(iter_cc_tsv(tsv), desc="count rows", unit="row", mininterval=5.0):
         num_rows += 1
         if row.ok:
             digest = hash(row.url)

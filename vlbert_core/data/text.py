@@ -36,7 +36,7 @@ from typing import Iterable, Iterator, Sequence
 
 import mwparserfromhell
 import pyarrow as pa
-from tqdm import tqdm
+from vlbert_core.progress import Progress
 
 from vlbert_core.data.writer import TarShardWriter, encode_json, text_key
 from vlbert_core.parquet import AtomicParquetWriter
@@ -426,7 +426,7 @@ def shard_text_corpus(
             pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(processes))
         units = iter_text_units(corpus, source, sentences_per_doc, pool)
         unit_name = "doc" if corpus == "books" else "page"
-        for index, unit in enumerate(tqdm(units, desc=corpus, unit=unit_name, mininterval=2.0)):
+        for index, unit in enumerate(Progress(units, desc=corpus, unit=unit_name, mininterval=2.0)):
             key, shard = "", -1
             if unit.status == KEPT:
                 kept = counts[KEPT]

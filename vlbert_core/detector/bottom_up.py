@@ -63,7 +63,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
-from tqdm import tqdm
+from vlbert_core.progress import Progress
 
 from ..rois import (
     STATUS_BAD_TSV_ROW,
@@ -220,7 +220,7 @@ def index_bottom_up_tsv(path: str | os.PathLike, wanted: set[str]) -> TsvIndex:
     """
     path = Path(path)
     index: TsvIndex | None = None
-    with open(path, "rb") as f, tqdm(total=path.stat().st_size, desc=f"index {path.name}", unit="B",
+    with open(path, "rb") as f, Progress(total=path.stat().st_size, desc=f"index {path.name}", unit="B",
                                      unit_scale=True, mininterval=5.0) as progress:
         offset = 0
         for number, raw in enumerate(f, start=1):
@@ -333,7 +333,7 @@ def import_bottom_up_rois(
     info = {"source": "bottom_up_tsv", "tsv": str(tsv_path), "class_scores": class_score_source,
             **(metadata or {})}
     with RoIParquetWriter(out_parquet, num_classes, info) as writer, open(tsv_path, "rb") as handle:
-        progress = tqdm(decoded_batches(samples, batch_size, int(rois_cfg.get("num_workers", 0))),
+        progress = Progress(decoded_batches(samples, batch_size, int(rois_cfg.get("num_workers", 0))),
                         total=math.ceil(len(samples) / batch_size), desc="import rois", unit="batch")
         for batch in progress:
             # rows in sample order: a failure (status, error) or a _PendingRow awaiting class scores

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import webdataset as wds
 from torch.utils.data import DataLoader, Dataset
 from torchvision.ops import boxes as box_ops
-from tqdm import tqdm
+from vlbert_core.progress import Progress
 from webdataset.tariterators import base_plus_ext
 
 from ..rois import STATUS_DECODE_ERROR, STATUS_MISSING_FILE, STATUS_OK, RoIParquetWriter
@@ -191,7 +191,7 @@ def extract_rois_to_parquet(
     batch_size = max(1, int(batch_size))
     box_counts = []
     with RoIParquetWriter(out_parquet, num_classes, {"source": "detector", **(metadata or {})}) as writer:
-        progress = tqdm(decoded_batches(samples, batch_size, num_workers), total=math.ceil(len(samples) / batch_size),
+        progress = Progress(decoded_batches(samples, batch_size, num_workers), total=math.ceil(len(samples) / batch_size),
                         desc="rois", unit="batch")
         for batch in progress:
             decoded = [img for _, img, status, _ in batch if status == STATUS_OK]

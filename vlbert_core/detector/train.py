@@ -11,7 +11,7 @@ from typing import Any, Mapping, NamedTuple
 
 import torch
 from torchvision.models.detection import FasterRCNN
-from tqdm import tqdm
+from vlbert_core.progress import Progress
 
 from ..optim import OptimizerSettings, build_optimizer, build_scheduler, detectron_step_decay
 from ..utils import atomic_path, get_logger, seed_everything
@@ -103,7 +103,7 @@ def load_coco_split(annotations_path: str | os.PathLike, images_dir: str | os.Pa
 
     images_dir = Path(images_dir)
     out = []
-    for image_id, img in tqdm(images_by_id.items(), desc=f"load {path.name}", unit="img"):
+    for image_id, img in Progress(images_by_id.items(), desc=f"load {path.name}", unit="img"):
         file_path = images_dir / img["file_name"]
         try:
             pixels = decode_image(file_path)
@@ -169,7 +169,7 @@ def evaluate_detector(model: FasterRCNN, data: list[DetectionImage], num_classes
     model.eval()
     detections, truths = [], []
     with torch.inference_mode():
-        for start in tqdm(range(0, len(data), batch_size), desc="eval", unit="batch"):
+        for start in Progress(range(0, len(data), batch_size), desc="eval", unit="batch"):
             chunk = data[start:start + batch_size]
             outputs = model([d.image.float().div(255.0) for d in chunk])
             for d, out in zip(chunk, outputs):
@@ -261,7 +261,7 @@ def train_detector(
     model.train()
     started = time.time()
     running: dict[str, float] = {}
-    progress = tqdm(range(steps), desc="detector", unit="step")
+    progress = Progress(range(steps), desc="detector", unit="step")
     for step in progress:
         batch_images, batch_targets = [], []
         for _ in range(batch_size):

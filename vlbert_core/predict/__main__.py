@@ -28,8 +28,6 @@ import json
 import sys
 from pathlib import Path
 
-import yaml
-
 from vlbert_core.utils import atomic_path
 
 from .api import PredictError, Predictor
@@ -74,6 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def read_config(paths: list[Path] | None) -> dict:
     from vlbert_core.pretrain.__main__ import merge
+    from vlbert_core.utils import read_yaml
 
     if paths is None:
         paths = [DEFAULT_CONFIG] if DEFAULT_CONFIG.is_file() else []
@@ -81,7 +80,7 @@ def read_config(paths: list[Path] | None) -> dict:
     for path in paths:
         if not path.is_file():
             raise PredictError(f"--config {path} does not exist")
-        config = merge(config, yaml.safe_load(path.read_text()) or {})
+        config = merge(config, read_yaml(path, "--config"))
     return config
 
 
@@ -95,9 +94,23 @@ def _numbers(text: str, what: str) -> list[float]:
     return values
 
 
+def checked_text(value: str, what: str) -> str:
+    """A text given on the command line, which must be UTF-8: the shell hands other bytes through as
+    undecodable characters, which no tokenizer takes."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise PredictError(f"{what}: not UTF-8 text (a byte the terminal did not send as UTF-8 at character "
+                           f"{err.start + 1}: {value[:err.start]!r}...); give the text in UTF-8") from None
+    return value
+
+
 def flag_queries(args: argparse.Namespace) -> list[dict]:
     """The queries of --image / --text and the flags that go with every one of them."""
-    images, texts = args.image, args.text
+    texts = [checked_text(t, f"--text #{i + 1}") for i, t in enumerate(args.text)]
+    choices = [checked_text(c, f"--choices #{i + 1}") for i, c in enumerate(args.choices or [])]
+    answer = None if args.answer is None else checked_text(args.answer, "--answer")
+    images = args.image
     if not images and not texts:
         return []
     if not images or not texts:
@@ -116,10 +129,10 @@ def flag_queries(args: argparse.Namespace) -> list[dict]:
                 raise PredictError(f"--objects {spec!r}: expected NAME:X1,Y1,X2,Y2")
             objects.append({"name": name, "box": _numbers(box, f"--objects {name}")})
         extra["objects"] = objects
-    if args.choices:
-        extra["choices"] = args.choices
-    if args.answer:
-        extra["answer"] = args.answer
+    if choices:
+        extra["choices"] = choices
+    if answer:
+        extra["answer"] = answer
     return [{"image": images[i if len(images) > 1 else 0], "text": texts[i if len(texts) > 1 else 0], **extra}
             for i in range(count)]
 
@@ -143,10 +156,10 @@ def draw_paths(path: Path | None, count: int) -> list[Path] | None:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     config = read_config(args.config)
-    predictor = Predictor(args.model, task=args.task, detector=args.detector, config=config, device=args.device)
-    queries = flag_queries(args)
+    queries = flag_queries(args)   # the cheap checks of what was asked come before loading the model
     if args.queries:
         queries += file_queries(args.queries)
+    predictor = Predictor(args.model, task=args.task, detector=args.detector, config=config, device=args.device)
     if args.annotations:
         queries += predictor.queries_from_file(args.annotations, key=args.id, images_dir=args.images_dir)
     if not queries:
@@ -162,7 +175,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, OSError, KeyError, NotImplementedError) as err:  # PredictError is a ValueError
-        sys.exit(f"error: {err}")
+    from vlbert_core.cli import run_command
+
+    sys.exit(run_command(main, "python -m vlbert_core.predict"))

@@ -17,9 +17,7 @@ import argparse
 import os
 from pathlib import Path
 
-import yaml
-
-from vlbert_core.utils import setup_compute, setup_logging
+from vlbert_core.utils import read_yaml, setup_compute, setup_logging
 
 
 def merge(base: dict, override: dict) -> dict:
@@ -59,7 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
     for path in args.config:
         if not path.is_file():
             raise FileNotFoundError(f"--config {path} does not exist")
-        config = merge(config, yaml.safe_load(path.read_text()) or {})
+        config = merge(config, read_yaml(path, "--config"))
     for key in ("model", "pretrain", "seed"):
         if key not in config:
             raise KeyError(f"the merged --config files {[str(p) for p in args.config]} have no '{key}'")
@@ -77,4 +75,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    from vlbert_core.cli import run_command
+
+    sys.exit(run_command(main, "python -m vlbert_core.pretrain"))

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
+from vlbert_core.progress import Progress
 
 from vlbert_core.detector import build_resnet_c4, load_detector
 from vlbert_core.model import VLBertConfig, VLBertModel, build_input_sequence, collate_samples, load_tokenizer
@@ -344,7 +344,7 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
         events.write(metrics[-1])  # purged with the steps trained again after the checkpoint
     train_module.train()
     log_every = max(1, steps // 20)
-    progress = tqdm(total=steps, initial=step, desc=f"pretrain {spec.name}", unit="step", disable=not is_main)
+    progress = Progress(total=steps, initial=step, desc=f"pretrain {spec.name}", unit="step", disable=not is_main)
     while step < steps:
         started = time.perf_counter()
         batch = next(batches).to(dev)

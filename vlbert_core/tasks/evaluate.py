@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-from tqdm import tqdm
+from vlbert_core.progress import Progress
 
 from vlbert_core.model import load_tokenizer
 from vlbert_core.model.config import visual_pixel_format
@@ -33,7 +33,7 @@ def predict_batches(model: FinetuneModel, data, batch_size: int, device: str, de
     model.eval()
     with torch.no_grad():
         batches = iterate_batches(data, batch_size, shuffle=False)
-        for indices, batch, extras in tqdm(batches, total=-(-len(data) // batch_size), desc=desc,
+        for indices, batch, extras in Progress(batches, total=-(-len(data) // batch_size), desc=desc,
                                            mininterval=5.0):
             out = model.scores(batch.to(device), extras)
             yield indices, {k: v.float().cpu() for k, v in out.items()}, extras

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 import torch
 from torch import nn
-from tqdm import tqdm
+from vlbert_core.progress import Progress
 
 from vlbert_core.model import VLBertOutput, load_tokenizer
 from vlbert_core.model.config import visual_pixel_format
@@ -373,7 +373,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
         events.write(records[-1])  # purged with the steps trained again after the checkpoint
     start = time.perf_counter()
     checkpoint_every = int(hp["checkpoint_every"])
-    progress = tqdm(total=plan["total_steps"], initial=step, desc=f"finetune {task}/{setting}/{schedule}",
+    progress = Progress(total=plan["total_steps"], initial=step, desc=f"finetune {task}/{setting}/{schedule}",
                     mininterval=5.0)
     while step < plan["total_steps"]:
         epoch, batch, extras = next(batches)

@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
+from vlbert_core.progress import Progress
 
 from ..utils import get_logger
 from . import formats
@@ -151,7 +151,7 @@ class _World:
         return sample_scene(np_rng(self.seed, *purpose), self.size, self.num_objects, required)
 
     def progress(self, n: int, desc: str):
-        return tqdm(range(n), desc=desc, unit="img", mininterval=2.0, leave=False)
+        return Progress(range(n), desc=desc, unit="img", mininterval=2.0, leave=False)
 
     # -- Conceptual Captions
     def cc(self) -> None:
@@ -181,7 +181,7 @@ class _World:
     def books(self) -> None:
         n = int(self.cfg["books_sentences"])
         lines = []
-        for i in tqdm(range(n), desc="books", unit="sent", mininterval=2.0, leave=False):
+        for i in Progress(range(n), desc="books", unit="sent", mininterval=2.0, leave=False):
             scene = self.scene("books", i)
             lines.append(book_sentence(scene, py_rng(self.seed, "books", i, "text")))
         path = self.path(self.sources["books"])

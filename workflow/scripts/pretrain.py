@@ -54,4 +54,6 @@ def main(smk) -> None:
 
 
 if __name__ == "__main__":  # under Snakemake's script: directive `snakemake` is a global
-    main(snakemake)  # noqa: F821
+    from vlbert_core.cli import run_script
+
+    run_script(main, snakemake)  # noqa: F821

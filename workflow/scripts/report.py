@@ -19,5 +19,7 @@ def main(smk):
     )
 
 
-if __name__ == "__main__":
-    main(snakemake)  # noqa: F821
+if __name__ == "__main__":  # under Snakemake's script: directive `snakemake` is a global
+    from vlbert_core.cli import run_script
+
+    run_script(main, snakemake)  # noqa: F821

@@ -15,5 +15,7 @@ def main(smk):
                  released_from=smk.params.released_from)
 
 
-if __name__ == "__main__":
-    main(snakemake)  # noqa: F821
+if __name__ == "__main__":  # under Snakemake's script: directive `snakemake` is a global
+    from vlbert_core.cli import run_script
+
+    run_script(main, snakemake)  # noqa: F821
