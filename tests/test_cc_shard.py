@@ -310,9 +310,16 @@ def test_a_shard_with_no_image_fails_and_leaves_no_outputs(tmp_path):
     tsv.write_text(f"gone\t{(tmp_path / 'nothing.jpg').as_uri()}\n", encoding="utf-8")
     partition_cc_tsv(tsv, "val", 1, tmp_path / "rows.parquet")
     outputs = [tmp_path / "v.tar", tmp_path / "v.parquet", tmp_path / "v.stats.json"]
-    with pytest.raises(RuntimeError, match="no image at all"):
+    with pytest.raises(RuntimeError, match=r"no image at all.*every row's status and error are in .*v\.failed\.parquet"):
         download_cc_shard(tmp_path / "rows.parquet", "val", 0, RESIZE, {**DOWNLOAD, "allow_file_urls": True}, *outputs)
     assert not any(path.exists() for path in outputs) and not list(tmp_path.glob(".tmp*"))
+    # the accounting of the failed shard is kept under a name no rule makes: one row per TSV row, with why
+    failed = pq.read_table(tmp_path / "v.failed.parquet").to_pylist()
+    assert [(r["row"], r["status"]) for r in failed] == [(0, st.NOT_FOUND)] and "nothing.jpg" in failed[0]["error"]
+    # a later run that succeeds removes it
+    Image.new("RGB", (8, 8)).save(tmp_path / "nothing.jpg")
+    download_cc_shard(tmp_path / "rows.parquet", "val", 0, RESIZE, {**DOWNLOAD, "allow_file_urls": True}, *outputs)
+    assert all(path.exists() for path in outputs) and not (tmp_path / "v.failed.parquet").exists()
     with pytest.raises(ValueError, match="unknown keys"):
         download_cc_shard(tmp_path / "rows.parquet", "val", 0, RESIZE, {**DOWNLOAD, "thread": 3}, *outputs)
     with pytest.raises(ValueError, match="not 'train'"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 import re
 import time
 from typing import Any, Mapping, NamedTuple
@@ -65,6 +66,13 @@ def make_downloader(download: Mapping[str, Any], config_key: str = "cc.download"
     else it comes from, for the errors); unknown keys are an error."""
     options = _checked_options(download, DOWNLOAD_REQUIRED, DOWNLOAD_OPTIONAL, config_key)
     return Downloader(**options, config_key=config_key)
+
+
+def failed_accounting_path(out_parquet: str | os.PathLike) -> Path:
+    """Where a failed shard leaves its per-row accounting: `<shard>.failed.parquet` beside the shard's outputs,
+    a name no rule makes, so it is never taken for a finished output. A later run that succeeds removes it."""
+    out_parquet = Path(out_parquet)
+    return out_parquet.with_name(out_parquet.name.removesuffix(".parquet") + ".failed.parquet")
 
 
 def download_cc_shard(
@@ -138,12 +146,16 @@ def download_cc_shard(
         fetched = rows_in - stats["counts"][st.MALFORMED_ROW] - stats["counts"][st.DUPLICATE_URL]
         if fetched > 0 and stats["ok"] == 0:
             failing = {name: count for name, count in stats["counts"].items() if count}
+            failed_parquet = failed_accounting_path(out_parquet)
+            accounting.write_parquet(failed_parquet)   # every row's status and error, under a name no rule makes
             raise RuntimeError(
-                f"{tsv}: shard {shard} (rows [{row_start}, {row_stop})) produced no image at all: {failing}. "
-                "Check that the URLs are reachable from this machine."
+                f"{tsv}: shard {shard} (rows [{row_start}, {row_stop})) produced no image at all: {failing}; "
+                f"every row's status and error are in {failed_parquet}. Check that the URLs are reachable from "
+                "this machine."
             )
 
     accounting.write_parquet(out_parquet)
+    failed_accounting_path(out_parquet).unlink(missing_ok=True)   # an earlier failed attempt's record
     write_stats(stats, out_stats)
     elapsed = time.monotonic() - started
     log.info(
