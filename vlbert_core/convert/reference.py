@@ -167,7 +167,6 @@ def reference_inputs(layout: ReleasedLayout, seed: int = 0) -> dict[str, np.ndar
     rng = np.random.default_rng([seed, list(LAYOUTS).index(layout.name)])
     out: dict[str, np.ndarray] = {}
     _images_and_boxes(rng, out)
-    num_images = len(IMAGE_SIZES)
     if layout.task is None:
         # two <caption, image> rows ([CLS] words [SEP], as the authors' dataset gives them) and two text-only
         # rows (word pieces alone, general_corpus.py)
@@ -217,7 +216,6 @@ def reference_inputs(layout: ReleasedLayout, seed: int = 0) -> dict[str, np.ndar
         out["instance_masks"] = masks
     else:
         raise ValueError(f"no reference batch for task {layout.task!r}")
-    assert num_images == 2
     return out
 
 
@@ -344,7 +342,8 @@ def our_outputs(layout: ReleasedLayout, model_dir: str | Path, inputs: dict[str,
     """This project's per-stage outputs on the reference batch, from the converted model directory `model_dir`:
     embeddings and every encoder layer at the real elements, the RoI features and their visual embedding, and
     the logits of the layout's heads (and the pre-training losses)."""
-    from vlbert_core.model import VLBertModel, collate_samples
+    from vlbert_core.model import IMG, VLBertModel, collate_samples
+    from vlbert_core.model.inputs import IGNORE_INDEX
     from vlbert_core.model.config import visual_pixel_format
 
     if layout.task is None:
@@ -370,17 +369,17 @@ def our_outputs(layout: ReleasedLayout, model_dir: str | Path, inputs: dict[str,
                             "roi_masked": to_torch(inputs["mvrc_ops"][i, :n] == 1),
                             "roi_selected": to_torch(inputs["mvrc_labels"][i, :n].sum(-1) > 0),
                             "roi_labels": to_torch(inputs["mvrc_labels"][i, :n]),
-                            "mlm_labels": [int(v) if v >= 0 else -100 for v in labels] + [-100] * (n + 1),
-                            "relationship": -100})
+                            "mlm_labels": [int(v) if v >= 0 else IGNORE_INDEX for v in labels] + [IGNORE_INDEX] * (n + 1),
+                            "relationship": IGNORE_INDEX})
         for j in range(inputs["aux_text"].shape[0]):
             text = _nonzero(inputs["aux_text"][j])
             seq = _sequence(text, None, None, text_only_layout=vlbert.config.text_only_layout)
-            labels = [int(v) if v >= 0 else -100 for v in inputs["aux_mlm_labels"][j, : len(text)]]
+            labels = [int(v) if v >= 0 else IGNORE_INDEX for v in inputs["aux_mlm_labels"][j, : len(text)]]
             if vlbert.config.text_only_layout == "bert":
-                labels = [-100] + labels + [-100]
-            samples.append({"sequence": seq, "mlm_labels": labels + [-100] * (len(seq.input_ids) - len(labels)),
-                            "relationship": -100})
-        from vlbert_core.model.heads import PretrainingHeads, load_pretraining_heads
+                labels = [IGNORE_INDEX] + labels + [IGNORE_INDEX]
+            samples.append({"sequence": seq, "mlm_labels": labels + [IGNORE_INDEX] * (len(seq.input_ids) - len(labels)),
+                            "relationship": IGNORE_INDEX})
+        from vlbert_core.model.heads import load_pretraining_heads
         from vlbert_core.pretrain.data import collate_pretrain
         from vlbert_core.pretrain.objectives import VLBertForPretraining
         from vlbert_core.pretrain.settings import get_setting
@@ -397,11 +396,9 @@ def our_outputs(layout: ReleasedLayout, model_dir: str | Path, inputs: dict[str,
         load_pretraining_heads(module.heads, model_dir)
         inputs_b = batch.inputs
         is_caption = inputs_b.has_image[:, None].expand_as(batch.mlm_labels)
-        labelled = batch.mlm_labels != -100
+        labelled = batch.mlm_labels != IGNORE_INDEX
         outputs["mlm_logits_caption"] = module.heads.mlm(hidden[labelled & is_caption]).numpy()
         outputs["mlm_logits_text"] = module.heads.mlm(hidden[labelled & ~is_caption]).numpy()
-        from vlbert_core.model.inputs import IMG
-
         selected = torch.gather(batch.roi_selected, 1, inputs_b.roi_index) & (inputs_b.element_kind == IMG)
         selected &= inputs_b.attention_mask
         outputs["roi_logits"] = module.heads.roi_cls(hidden[selected]).numpy()
@@ -430,15 +427,12 @@ def our_outputs(layout: ReleasedLayout, model_dir: str | Path, inputs: dict[str,
                     seq.roi_index[: len(tags)] = [int(t) for t in tags]
                     samples.append({**s, "sequence": seq, "instance_masks": to_torch(inputs["instance_masks"][i, :n])})
         batch = collate_samples(samples)
-        roi_features = None
-        if features is not None:
-            roi_features = features
         recorder = _StageRecorder(vlbert)
         if layout.task == "vcr_q2a":
             output = vlbert.encode(batch, rows_per_image=NUM_CANDIDATES)
             outputs["choice_scores"] = finetuned.head(output, batch, NUM_CANDIDATES).numpy()
         else:
-            output = vlbert.encode(batch, roi_features=roi_features)
+            output = vlbert.encode(batch, roi_features=features)
             if layout.task == "vqa":
                 outputs["answer_logits"] = finetuned.head(output, batch).numpy()
             else:
