@@ -88,7 +88,7 @@ def test_accuracy_and_macro_f1_against_hand_computed_values():
     assert macro_f1(["a", "b"], ["a", "b"]) == pytest.approx(100.0)
 
 
-def test_the_head_classifies_the_cls_output_with_dropout_then_linear():
+def test_the_head_classifies_the_pooled_vector_with_dropout_then_linear():
     import torch
     from torch import nn
 
@@ -97,12 +97,12 @@ def test_the_head_classifies_the_cls_output_with_dropout_then_linear():
     head = ClsClassifierHead(hidden_size=8, num_labels=3, dropout=0.1)
     assert [type(m) for m in head.children()] == [nn.Dropout, nn.Linear]
     head.eval()
-    sequence = torch.randn(2, 5, 8)
-    output = type("Output", (), {"sequence_output": sequence})()
+    sequence, pooled = torch.randn(2, 5, 8), torch.randn(2, 8)
+    output = type("Output", (), {"text_states": sequence, "pooled": pooled})()
     logits = head(output, None)
     assert logits.shape == (2, 3)
-    assert torch.allclose(logits, head.classifier(sequence[:, 0]))
-    sequence[:, 1:] += 1  # only [CLS] counts
+    assert torch.allclose(logits, head.classifier(pooled))
+    sequence += 1  # only the pooled vector counts
     assert torch.allclose(head(output, None), logits)
 
 

@@ -65,13 +65,13 @@ class CaptionMatchTask(Task):
         return CaptionMatchData(pairs[:max_examples] if max_examples else pairs, sources["images"], tokens,
                                 images, max_rois=max_rois, max_text_len=max_text_len)
 
-    def build_heads(self, config, meta):
+    def build_heads(self, spec, meta):
         from torch import nn
 
-        return TaskHeads(nn.Linear(config.hidden_size, 1))
+        return TaskHeads(nn.Linear(spec.pooled_width, 1))
 
     def scores(self, model, output, batch):
-        return {"logits": model.head(output.sequence_output[:, 0]).squeeze(-1)}
+        return {"logits": model.head(output.pooled).squeeze(-1)}
 
     def loss(self, model, out, extras, meta):
         import torch.nn.functional as F

@@ -11,15 +11,17 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from vlbert_core.model_output import EncoderOutput, HeadSpec
 from vlbert_core.model_registry import CONFIG_FILE, MODEL_FILE, load_state_exactly, read_config
 from vlbert_core.utils import atomic_path, get_logger, load_safetensors, save_safetensors
 
 from .batch import VLBertBatch
 from .bert_init import load_bert_state_dict, read_bert_config
-from .config import VLBertConfig
+from .config import SENTENCE_READOUTS, VLBertConfig
 from .embeddings import VLBertEmbeddings
 from .encoder import VLBertEncoder, bert_encoder_key_map
 from .initialization import INIT_STD, copy_tensors, init_new_parameters
+from .inputs import IMG, TEXT
 from .visual import FastRCNNVisualNetwork
 
 log = get_logger(__name__)
@@ -34,9 +36,53 @@ _BERT_EMBEDDING_KEYS = {
 
 
 @dataclass
-class VLBertOutput:
-    sequence_output: torch.Tensor              # [B, L, hidden]
-    roi_features: torch.Tensor | None          # [B, R, appearance_dim] (zeros for text-only samples/padding)
+class VLBertOutput(EncoderOutput):
+    """The family-neutral outputs, read out of VL-BERT's one interleaved sequence: `text_states` is the whole
+    sequence output (the text elements come first; the other positions are the `[IMG]`/`[END]` outputs),
+    `visual_states` the `[IMG]` outputs placed at their box, `pooled` the sentence readout
+    (VLBertConfig.sentence_readout)."""
+
+    sequence_output: torch.Tensor | None = None  # [B, L, hidden]: the same tensor as text_states
+
+
+def img_states(sequence_output: torch.Tensor, batch: VLBertBatch) -> torch.Tensor:
+    """[B, R, hidden]: the `[IMG]` outputs placed at their box index (zeros for padded boxes and rows without
+    an image)."""
+    batch_size, _, hidden = sequence_output.shape
+    num_boxes = 0 if batch.boxes is None else batch.boxes.shape[1]
+    out = sequence_output.new_zeros(batch_size, num_boxes, hidden)
+    if num_boxes == 0:
+        return out
+    sample_idx, position = (batch.element_kind == IMG).nonzero(as_tuple=True)
+    box_idx = batch.roi_index[sample_idx, position]
+    return out.index_put((sample_idx, box_idx), sequence_output[sample_idx, position])
+
+
+def sentence_readout(sequence_output: torch.Tensor, batch: VLBertBatch, readout: str) -> torch.Tensor:
+    """[B, hidden]: VL-BERT's one vector per sample (VLBertConfig.sentence_readout).
+
+    "cls" is the `[CLS]` output (always the first element). "text_mean" averages the outputs of the sample's
+    text elements (`[CLS]`, the word pieces, the `[SEP]`s), padding, `[IMG]` and `[END]` left out: how a
+    checkpoint trained with mean pooling (sentence-transformers) makes its sentence vector. The visual elements
+    reach it through attention.
+    """
+    if readout not in SENTENCE_READOUTS:
+        raise ValueError(f"sentence readout must be one of {SENTENCE_READOUTS}, got {readout!r}")
+    if readout == "cls":
+        return sequence_output[:, 0]
+    weights = ((batch.element_kind == TEXT) & batch.attention_mask).to(sequence_output.dtype)
+    return (weights.unsqueeze(-1) * sequence_output).sum(1) / weights.sum(1, keepdim=True)
+
+
+def vlbert_output(sequence_output: torch.Tensor, batch: VLBertBatch, roi_features: torch.Tensor | None,
+                  readout: str) -> VLBertOutput:
+    visual_mask = (batch.box_valid if batch.box_valid is not None
+                   else sequence_output.new_zeros(batch.batch_size, 0, dtype=torch.bool))
+    return VLBertOutput(text_states=sequence_output,
+                        text_mask=(batch.element_kind == TEXT) & batch.attention_mask,
+                        visual_states=img_states(sequence_output, batch), visual_mask=visual_mask,
+                        pooled=sentence_readout(sequence_output, batch, readout), roi_features=roi_features,
+                        sequence_output=sequence_output)
 
 
 class VLBertModel(nn.Module):
@@ -106,11 +152,19 @@ class VLBertModel(nn.Module):
         embedded = self.embeddings(batch.input_ids, batch.element_kind, batch.segment_ids, batch.position_ids,
                                    batch.roi_index, batch.has_image, batch.boxes, roi_features, batch.roi_masked,
                                    batch.image_size)
-        return VLBertOutput(sequence_output=self.encoder(embedded, batch.attention_mask), roi_features=roi_features)
+        return vlbert_output(self.encoder(embedded, batch.attention_mask), batch, roi_features,
+                             self.config.sentence_readout)
 
     def forward(self, batch: VLBertBatch, roi_features: torch.Tensor | None = None,
                 rows_per_image: int = 1) -> VLBertOutput:
         return self.encode(batch, roi_features, rows_per_image)
+
+    def head_spec(self) -> HeadSpec:
+        """What a task head on this model reads: one width everywhere; VQA answers at the `[MASK]`."""
+        c = self.config
+        return HeadSpec(text_width=c.hidden_size, visual_width=c.hidden_size, pooled_width=c.hidden_size,
+                        dropout=c.hidden_dropout_prob, hidden_act=c.hidden_act, layer_norm_eps=c.layer_norm_eps,
+                        layout=c.task_heads, answer_readout="mask")
 
     # ---- initialisation, saving and loading -------------------------------------------------------
 

@@ -44,7 +44,7 @@ class PaperTable:
 
 @dataclass
 class TaskHeads:
-    """The modules a task puts on top of VL-BERT; saved under `head.` and `roi_classifier.`."""
+    """The modules a task puts on top of the model; saved under `head.` and `roi_classifier.`."""
 
     head: Any  # nn.Module
     roi_classifier: Any = None  # nn.Module of an auxiliary RoI loss, or None
@@ -122,8 +122,10 @@ class Task:
 
     # ---- model -----------------------------------------------------------------------------------
 
-    def build_heads(self, config, meta: Mapping[str, Any]) -> TaskHeads:
-        """The modules on top of VL-BERT for this task (a `VLBertConfig` and the task meta)."""
+    def build_heads(self, spec, meta: Mapping[str, Any]) -> TaskHeads:
+        """The modules on top of the model for this task, from the model's `HeadSpec` (its output widths and
+        conventions, vlbert_core/model_output.py) and the task meta. A head reads the model's `EncoderOutput`
+        only, so the task serves every model family."""
         raise NotImplementedError
 
     def scores(self, model, output, batch) -> dict:

@@ -207,11 +207,10 @@ class CustomClassificationTask(Task):
     def roi_image_paths(self, split, sources):
         return {image_key(r["path"]): Path(r["path"]) for r in self._rows(split, sources)}
 
-    def build_heads(self, config, meta):
+    def build_heads(self, spec, meta):
         ClassifierHead = model_side("modeling.custom", "ClsClassifierHead")
 
-        return TaskHeads(ClassifierHead(config.hidden_size, len(meta["labels"]), config.hidden_dropout_prob,
-                                        readout=config.sentence_readout))
+        return TaskHeads(ClassifierHead(spec.pooled_width, len(meta["labels"]), spec.dropout))
 
     def loss(self, model, out, extras, meta):
         logits = out["logits"]

@@ -31,8 +31,9 @@ import torch
 from torch import nn
 from vlbert_core.progress import Progress
 
-from vlbert_core.model import VLBertOutput, load_tokenizer
+from vlbert_core.model import load_tokenizer
 from vlbert_core.model.config import visual_pixel_format
+from vlbert_core.model_output import EncoderOutput
 from vlbert_core.model_registry import (CONFIG_FILE, MODEL_FILE, build_model, from_pretrained, load_state_exactly,
                                         split_model_type)
 from vlbert_core.optim import (OptimizerSettings, build_optimizer, build_scheduler, warmup_linear_decay,
@@ -73,18 +74,18 @@ def resolve_hparams(task: str, hparams: Mapping[str, Any]) -> dict:
     return resolved
 
 
-# ---- the model: VL-BERT + task head --------------------------------------------------------------
+# ---- the model: a pre-trained encoder + task head --------------------------------------------------
 
 FEATURE_CACHE_MB = 1024  # bound of the frozen RoI-feature cache (LRU), per process
 
 
-def forward_shared_images(vlbert, batch, group: int) -> VLBertOutput:
-    """VL-BERT forward where each run of `group` consecutive rows shares one image and its boxes.
+def forward_shared_images(encoder, batch, group: int) -> EncoderOutput:
+    """The encoder's forward where each run of `group` consecutive rows shares one image and its boxes.
 
     The visual network runs once per image and its RoI features are repeated for the rows of
     the group (the four VCR candidates), instead of running the CNN four times.
     """
-    return vlbert.encode(batch, rows_per_image=group)
+    return encoder.encode(batch, rows_per_image=group)
 
 
 class FrozenRoIFeatureCache:
@@ -168,11 +169,11 @@ class FinetuneModel(nn.Module):
         # plain attribute, not a submodule: the cache holds no parameters of its own
         self.feature_cache = (None if cfg.tune_frcnn
                               else FrozenRoIFeatureCache(encoder.visual_network, cfg.appearance_dim))
-        task_heads = self.task.build_heads(cfg, meta)
+        task_heads = self.task.build_heads(encoder.head_spec(), meta)
         self.head, self.roi_classifier = task_heads.head, task_heads.roi_classifier
 
-    def encode(self, batch, extras: Mapping[str, Any] | None = None) -> VLBertOutput:
-        """VL-BERT outputs; the frozen visual network's features come from the cache."""
+    def encode(self, batch, extras: Mapping[str, Any] | None = None) -> EncoderOutput:
+        """The encoder's outputs; the frozen visual network's features come from the cache."""
         if self.feature_cache is not None and extras is not None and "image_keys" in extras:
             features = self.feature_cache.features(batch, extras["image_keys"])
             return self.encoder.encode(batch, roi_features=features)
@@ -299,10 +300,18 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
     # tune_frcnn is a fine-tuning choice: rebuild with it so the visual network (un)freezes itself
     # so are the task heads' layout (model.task_heads) when the config names one
     # and what the task's sentence-level head reads (finetune.sentence_readout)
-    overrides = {"tune_frcnn": bool(tune_frcnn), "sentence_readout": str(sentence_readout)}
+    fields = pretrained.config.to_dict()
+    overrides = {"tune_frcnn": bool(tune_frcnn)}
     if model_cfg.get("task_heads") is not None:
         overrides["task_heads"] = str(model_cfg["task_heads"])
-    config = pretrained.config_class.from_dict({**pretrained.config.to_dict(), **overrides})
+    if "sentence_readout" in fields:
+        overrides["sentence_readout"] = str(sentence_readout)
+    elif sentence_readout != "cls":
+        raise ValueError(f"finetune.sentence_readout {sentence_readout!r}: the {pretrained.model_type} model in "
+                         f"{pretrained_dir} has one sentence vector of its own (its pooled output); the readout "
+                         "choice applies to VL-BERT only")
+    config = pretrained.config_class.from_dict({**fields, **overrides})
+    readout = getattr(config, "sentence_readout", "pooled")
     encoder = type(pretrained)(config)
     encoder.load_state_dict(pretrained.state_dict())
     del pretrained
@@ -314,7 +323,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
     meta: dict[str, Any] = {"name": task, "setting": setting, "schedule": schedule,
                             "schedule_factor": float(schedule_factor), "seed": int(seed),
                             "pretrained": str(pretrained_dir), "tune_frcnn": bool(tune_frcnn),
-                            "sentence_readout": config.sentence_readout,
+                            "sentence_readout": readout,
                             "max_rois": max_rois, "image_max_side": int(model_cfg["image_max_side"]),
                             "image_min_side": images.min_side,
                             "instance_mask_size": encoder.visual_network.stage5_size(),
@@ -336,11 +345,11 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
     log.info("fine-tuning %s (setting %s, schedule %s x%.2f): %d examples, %d steps of %d, "
              "%.2f epochs, %s, tune_frcnn=%s, sentence readout %s, %.1fM trainable parameters", task, setting,
              schedule, schedule_factor, len(data), plan["total_steps"], hp["batch_size"], plan["epochs"],
-             hp["optimizer"], tune_frcnn, config.sentence_readout, n_trainable / 1e6)
+             hp["optimizer"], tune_frcnn, readout, n_trainable / 1e6)
 
     fingerprint = _fingerprint(task, Path(pretrained_dir), list(rois_paths), setting=setting, schedule=schedule,
                                schedule_factor=float(schedule_factor), tune_frcnn=bool(tune_frcnn), seed=int(seed),
-                               sentence_readout=config.sentence_readout,
+                               sentence_readout=readout,
                                hparams={k: v for k, v in hp.items() if k != "checkpoint_every"},
                                model=dict(model_cfg), sources=dict(sources))
     batches = EpochBatches(data, int(hp["batch_size"]), seed)

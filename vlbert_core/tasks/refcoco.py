@@ -293,11 +293,10 @@ class RefcocoTask(Task):
     def roi_image_paths(self, split, sources):
         return refcoco_image_paths(sources["refs"], sources["instances"], sources["images"], split)
 
-    def build_heads(self, config, meta):
+    def build_heads(self, spec, meta):
         RefCOCOHead = model_side("modeling.refcoco", "RefCOCOHead")
 
-        return TaskHeads(RefCOCOHead(config.hidden_size, config.hidden_dropout_prob, layout=config.task_heads,
-                                     hidden_act=config.hidden_act))
+        return TaskHeads(RefCOCOHead(spec.visual_width, spec.dropout, layout=spec.layout, hidden_act=spec.hidden_act))
 
     def loss(self, model, out, extras, meta):
         RefCOCOHead = model_side("modeling.refcoco", "RefCOCOHead")

@@ -506,14 +506,13 @@ class VcrTask(Task):
             log.info("%d object-reference word pieces pointed at boxes cut by max_rois=%d; they "
                      "took the whole-image feature", data.dropped_references, meta["max_rois"])
 
-    def build_heads(self, config, meta):
+    def build_heads(self, spec, meta):
         VCRHead = model_side("modeling.vcr", "VCRHead")
         VCRRoIClassifier = model_side("modeling.vcr", "VCRRoIClassifier")
 
-        dropout, layout = config.hidden_dropout_prob, config.task_heads
-        return TaskHeads(VCRHead(config.hidden_size, dropout, layout=layout, readout=config.sentence_readout),
-                         VCRRoIClassifier(config.hidden_size, len(meta["object_names"]), dropout, layout=layout,
-                                          hidden_act=config.hidden_act))
+        return TaskHeads(VCRHead(spec.pooled_width, spec.dropout, layout=spec.layout),
+                         VCRRoIClassifier(spec.visual_width, len(meta["object_names"]), spec.dropout,
+                                          layout=spec.layout, hidden_act=spec.hidden_act))
 
     def scores(self, model, output, batch):
         result = {"scores": model.head(output, batch, NUM_CANDIDATES)}

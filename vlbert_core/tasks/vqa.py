@@ -490,12 +490,13 @@ class VqaTask(Task):
     def roi_image_paths(self, split, sources):
         return vqa_image_paths(split_path(sources["questions"], split), split_path(sources["images"], split))
 
-    def build_heads(self, config, meta):
+    def build_heads(self, spec, meta):
         VQAHead = model_side("modeling.vqa", "VQAHead")
+        answer_width = model_side("modeling.common", "answer_width")
 
-        return TaskHeads(VQAHead(config.hidden_size, len(meta["answers"]), meta["mask_id"],
-                                 config.hidden_dropout_prob, config.layer_norm_eps, layout=config.task_heads,
-                                 hidden_act=config.hidden_act))
+        return TaskHeads(VQAHead(answer_width(spec), len(meta["answers"]), meta["mask_id"], spec.dropout,
+                                 spec.layer_norm_eps, layout=spec.layout, hidden_act=spec.hidden_act,
+                                 readout=spec.answer_readout))
 
     def loss(self, model, out, extras, meta):
         loss = model.head.loss(out["logits"], extras["target"])

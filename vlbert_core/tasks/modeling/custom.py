@@ -1,6 +1,6 @@
-"""Your own classification task on VL-BERT (`tasks/custom.py`): the samples <Text, Image> and the
-`[CLS]` classifier head (Dropout -> Linear, cross-entropy), as the authors advise for a new
-classification task (jackroos/VL-BERT issue #35)."""
+"""Your own classification task (`tasks/custom.py`): the samples <Text, Image> and the classifier head on the
+model's pooled vector (Dropout -> Linear, cross-entropy; on VL-BERT the `[CLS]` output, as the authors advise
+for a new classification task, jackroos/VL-BERT issue #35)."""
 
 from __future__ import annotations
 
@@ -18,23 +18,19 @@ from vlbert_core.model.inputs import IGNORE_INDEX
 from ..common import rois_for_key
 from ..custom import image_key
 from ..samples import ImageLoader, Tokens, image_and_boxes, truncate_pair
-from .common import check_readout, sentence_output
 
 
 class ClsClassifierHead(nn.Module):
-    """The `[CLS]` output -> Dropout -> Linear(hidden, labels): one logit per label (`readout` "text_mean": the
-    mean text output instead of `[CLS]`, common.sentence_output)."""
+    """The pooled vector -> Dropout -> Linear(width, labels): one logit per label."""
 
-    def __init__(self, hidden_size: int, num_labels: int, dropout: float = 0.1, readout: str = "cls"):
+    def __init__(self, hidden_size: int, num_labels: int, dropout: float = 0.1):
         super().__init__()
-        check_readout(readout)
-        self.readout = readout
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(hidden_size, int(num_labels))
         init_new_parameters(self)
 
     def forward(self, output, batch) -> torch.Tensor:
-        return self.classifier(self.dropout(sentence_output(output.sequence_output, batch, self.readout)))
+        return self.classifier(self.dropout(output.pooled))
 
     @staticmethod
     def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

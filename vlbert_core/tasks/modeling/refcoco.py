@@ -1,4 +1,4 @@
-"""RefCOCO+ on VL-BERT: the samples <Query, Image> with one binary target per candidate box, and the
+"""RefCOCO+: the samples <Query, Image> with one binary target per candidate box, and the
 head (one binary score per RoI)."""
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from vlbert_core.model.initialization import init_new_parameters
 from ..common import rois_for_key
 from ..refcoco import POSITIVE_IOU, RefcocoData, box_iou
 from ..samples import ImageLoader, Tokens, image_and_boxes, truncate_pair
-from .common import check_layout, roi_outputs
+from .common import check_layout
 
 
 class RefCOCOHead(nn.Module):
-    """layout "project": Dropout-Linear-ReLU-Dropout-Linear; layout "released": the authors' final MLP,
+    """On each box's visual state: layout "project": Dropout-Linear-ReLU-Dropout-Linear; layout "released": the authors' final MLP,
     the MVRC head transform (Linear(h, h)-GELU) -> Dropout -> Linear(h, 1)."""
 
     def __init__(self, hidden_size: int, dropout: float = 0.1, layout: str = "project", hidden_act: str = "gelu"):
@@ -41,9 +41,7 @@ class RefCOCOHead(nn.Module):
 
     def forward(self, output, batch) -> torch.Tensor:
         """[B, R] logits; box slots that are not candidates are left to the caller's mask."""
-        rois = roi_outputs(output.sequence_output, batch.element_kind, batch.roi_index,
-                           batch.boxes.shape[1])
-        return self.mlp(rois).squeeze(-1)
+        return self.mlp(output.visual_states).squeeze(-1)
 
     @staticmethod
     def loss(logits: torch.Tensor, labels: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:

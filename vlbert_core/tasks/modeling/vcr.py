@@ -1,5 +1,5 @@
-"""VCR on VL-BERT: the samples (four candidate sequences per question), and the heads (a `[CLS]` score
-per candidate, and the auxiliary RoI classification)."""
+"""VCR: the samples (four candidate sequences per question), and the heads (a score per candidate from the
+model's pooled vector, and the auxiliary RoI classification on the visual states)."""
 
 from __future__ import annotations
 
@@ -20,19 +20,17 @@ from vlbert_core.model.inputs import IGNORE_INDEX, TEXT, InputSequence
 
 from .. import vcr as vcr_lib
 from ..samples import ImageLoader, Tokens, image_and_boxes, truncate_pair
-from .common import check_layout, check_readout, roi_outputs, sentence_output
+from .common import check_layout
 
 
 class VCRHead(nn.Module):
-    """layout "project": Dropout -> Linear(h, 1) on the `[CLS]` output; layout "released": BERT's pooler
-    (Linear(h, h) + tanh, released with_pooler) first, then Dropout -> Linear(h, 1) (CLASSIFIER_TYPE 1fc).
-    `readout` "text_mean" reads the mean text output instead of `[CLS]` (common.sentence_output)."""
+    """On the pooled vector (VL-BERT: its sentence readout, the `[CLS]` output by default), of width h:
+    layout "project": Dropout -> Linear(h, 1); layout "released": BERT's pooler (Linear(h, h) + tanh, released
+    with_pooler) first, then Dropout -> Linear(h, 1) (CLASSIFIER_TYPE 1fc)."""
 
-    def __init__(self, hidden_size: int, dropout: float = 0.1, layout: str = "project", readout: str = "cls"):
+    def __init__(self, hidden_size: int, dropout: float = 0.1, layout: str = "project"):
         super().__init__()
         check_layout(layout)
-        check_readout(readout)
-        self.readout = readout
         self.pooler = nn.Linear(hidden_size, hidden_size) if layout == "released" else None
         self.dropout = nn.Dropout(dropout)
         self.score = nn.Linear(hidden_size, 1)
@@ -40,7 +38,7 @@ class VCRHead(nn.Module):
 
     def forward(self, output, batch, num_candidates: int) -> torch.Tensor:
         """[B_questions, num_candidates] scores; rows of the batch are question-major."""
-        pooled = sentence_output(output.sequence_output, batch, self.readout)
+        pooled = output.pooled
         if self.pooler is not None:
             pooled = torch.tanh(self.pooler(pooled))
         scores = self.score(self.dropout(pooled)).squeeze(-1)
@@ -52,8 +50,8 @@ class VCRHead(nn.Module):
 
 
 class VCRRoIClassifier(nn.Module):
-    """layout "project": Dropout -> Linear; layout "released" (CNN_LOSS_TOP): the MVRC head transform
-    (Linear(h, h)-GELU) first."""
+    """On each box's visual state: layout "project": Dropout -> Linear; layout "released" (CNN_LOSS_TOP): the
+    MVRC head transform (Linear(h, h)-GELU) first."""
 
     def __init__(self, hidden_size: int, num_classes: int, dropout: float = 0.1, layout: str = "project",
                  hidden_act: str = "gelu"):
@@ -68,8 +66,7 @@ class VCRRoIClassifier(nn.Module):
 
     def forward(self, output, batch) -> torch.Tensor:
         """[B, R, num_classes] logits of every box slot."""
-        rois = roi_outputs(output.sequence_output, batch.element_kind, batch.roi_index,
-                           batch.boxes.shape[1])
+        rois = output.visual_states
         if self.transform is not None:
             rois = self.transform(rois)
         return self.classifier(self.dropout(rois))

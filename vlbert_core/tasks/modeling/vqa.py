@@ -1,5 +1,5 @@
-"""VQA on VL-BERT: the samples <Question, [MASK], Image>, and the head (answer logits from the `[MASK]`
-output, BCE on soft scores)."""
+"""VQA: the samples <Question, [MASK], Image>, and the head (answer logits from the `[MASK]` text state on
+VL-BERT, from the pooled vector on ViLBERT; BCE on soft scores)."""
 
 from __future__ import annotations
 
@@ -18,19 +18,22 @@ from vlbert_core.model.initialization import init_new_parameters
 from ..common import rois_for_key
 from ..samples import ImageLoader, Tokens, image_and_boxes, truncate_pair
 from ..vqa import VqaQuestion, soft_targets
-from .common import check_layout, mask_output
+from .common import answer_vector, check_layout
 
 
 class VQAHead(nn.Module):
-    """layout "project": Dropout-Linear(h, 2h)-GELU-LayerNorm-Dropout-Linear(2h, answers);
-    layout "released" (the authors' CLASSIFIER_TYPE 'mlm'): BERT's head transform (Linear(h, h)-GELU-
-    LayerNorm) -> Dropout -> Linear(h, answers)."""
+    """On the vector `readout` picks (common.answer_vector), of width h:
+    layout "project": Dropout-Linear(h, 2h)-GELU-LayerNorm-Dropout-Linear(2h, answers) (also ViLBERT's
+    SimpleClassifier on h_IMG * h_CLS); layout "released" (the authors' CLASSIFIER_TYPE 'mlm'): BERT's head
+    transform (Linear(h, h)-GELU-LayerNorm) -> Dropout -> Linear(h, answers)."""
 
     def __init__(self, hidden_size: int, num_answers: int, mask_id: int, dropout: float = 0.1,
-                 layer_norm_eps: float = 1e-12, layout: str = "project", hidden_act: str = "gelu"):
+                 layer_norm_eps: float = 1e-12, layout: str = "project", hidden_act: str = "gelu",
+                 readout: str = "mask"):
         super().__init__()
         check_layout(layout)
         self.mask_id = int(mask_id)
+        self.readout = readout
         self.num_answers = int(num_answers)
         if layout == "released":
             self.classifier = nn.Sequential(OrderedDict([
@@ -46,7 +49,7 @@ class VQAHead(nn.Module):
         init_new_parameters(self)
 
     def forward(self, output, batch) -> torch.Tensor:
-        return self.classifier(mask_output(output.sequence_output, batch.input_ids, self.mask_id))
+        return self.classifier(answer_vector(output, batch, self.readout, self.mask_id))
 
     def loss(self, logits: torch.Tensor, soft_targets: torch.Tensor) -> torch.Tensor:
         return F.binary_cross_entropy_with_logits(logits, soft_targets) * soft_targets.shape[1]
