@@ -19,6 +19,7 @@ MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 # model_type -> (module, class)
 FAMILIES: dict[str, tuple[str, str]] = {"vlbert": ("vlbert_core.model.vlbert", "VLBertModel")}
+FAMILIES["vilbert"] = ("vlbert_core.vilbert.model", "ViLBertModel")
 # config.json files written before `model_type` existed hold a VL-BERT
 LEGACY_MODEL_TYPE = "vlbert"
 

@@ -1,4 +1,4 @@
-"""python -m vlbert_core.convert {vl-bert,resnet101-pt-vgbua,bottom-up} IN OUT
+"""python -m vlbert_core.convert {vl-bert,vilbert,resnet101-pt-vgbua,bottom-up} IN OUT
 
 Converts the authors' published files into this project's formats; each run writes a
 conversion_report.json saying what happened to every tensor of IN.
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Convert the authors' published checkpoints (github.com/jackroos/VL-BERT, "
                     "model/pretrained_model/PREPARE_PRETRAINED_MODELS.md) into this project's formats.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{vl-bert,resnet101-pt-vgbua,bottom-up}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{vl-bert,vilbert,resnet101-pt-vgbua,bottom-up}")
 
     # the tasks whose released fine-tuned checkpoints convert, and the lists their heads need (task registry)
     tasks = released_task_names()
@@ -53,6 +53,25 @@ def build_parser() -> argparse.ArgumentParser:
         users = [name for name in tasks if key in dict(RELEASED_HEADS[name].vocabularies)]
         vl.add_argument(vocabulary_option(key), dest=key, default=None,
                         help=f"{' / '.join(users)}: {what}, one a line")
+
+    vil = sub.add_parser(
+        "vilbert", help="ViLBERT's pretrained_model.bin (facebookresearch/vilbert-multi-task) -> a model directory",
+        description="IN: pretrained_model.bin of facebookresearch/vilbert-multi-task (a state dict of their "
+                    "BertForMultiModalPreTraining). OUT_DIR: a ViLBERT model directory (model.safetensors + "
+                    "config.json, heads.safetensors with the MLM, region and alignment heads) for pretrain.init_from "
+                    "or fine-tuning; conversion_report.json beside.")
+    vil.add_argument("in_path", metavar="IN")
+    vil.add_argument("out_dir", metavar="OUT_DIR")
+    vil.add_argument("--bert-path", required=True,
+                     help="the BERT directory whose vocab.txt tokenises for this model (bert-base-uncased); recorded "
+                          "in the model's config.json")
+    vil.add_argument("--detector", required=True,
+                     help="a detector checkpoint of this project (e.g. bottom-up attention's, from `bottom-up`): the "
+                          "visual network, which the released file lacks (its region features were precomputed); "
+                          "its RoI features must be v_feature_size wide and its classes + background v_target_size")
+    vil.add_argument("--config", default=None,
+                     help="the authors' config of the checkpoint (default: config/bert_base_6layer_6conect.json's "
+                          "values; sizes are read off the tensors, heads and co-attention placement from here)")
 
     rn = sub.add_parser("resnet101-pt-vgbua", help="resnet101-pt-vgbua-0000.model -> initial weights of the "
                                                    "ResNet-101 C4 network (detector.backbone.init_weights)",
@@ -97,6 +116,14 @@ def main(argv: list[str] | None = None) -> int:
         report = converted.report
         print(f"{args.in_path} ({converted.layout.kind}) -> {args.out_dir}: {len(report.mapped)} tensors mapped, "
               f"{len(report.dropped)} dropped, {len(report.filled)} filled ({args.out_dir}/{REPORT_FILE})")
+    elif args.command == "vilbert":
+        from .vilbert import REPORT_FILE, convert_vilbert
+
+        converted = convert_vilbert(args.in_path, args.out_dir, detector=args.detector, bert_path=args.bert_path,
+                                    config_path=args.config)
+        report = converted.report
+        print(f"{args.in_path} -> {args.out_dir}: {len(report.mapped)} tensors mapped, {len(report.dropped)} dropped, "
+              f"{len(report.filled)} filled ({args.out_dir}/{REPORT_FILE})")
     elif args.command == "resnet101-pt-vgbua":
         from .resnet import convert_resnet101, report_path
 
