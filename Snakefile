@@ -33,6 +33,7 @@ include: "workflow/rules/finetune.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/tables.smk"
 include: "workflow/rules/seeds.smk"
+include: "workflow/rules/compare.smk"
 include: "workflow/rules/custom.smk"
 include: "workflow/rules/report.smk"
 

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import MINILM, NUM_FG_CLASSES
 from test_tensorboard import assert_events_match_metrics
 
@@ -294,9 +295,17 @@ EXPECTED_LOSSES = {
 
 
 def test_settings_table():
-    assert list(SETTINGS) == ["none", "a", "b", "c", "d", "full"]
+    from vlbert_core.pretrain.settings import ABLATION_SETTINGS, COMPARISON_PAIRS
+
+    assert list(SETTINGS) == [*ABLATION_SETTINGS, "vilbert_none", "vilbert"]
+    assert {SETTINGS[s].model_type for s in ABLATION_SETTINGS} == {"vlbert"}
     assert not SETTINGS["none"].trains and SETTINGS["full"].tune_frcnn
-    assert [s for s in SETTINGS if SETTINGS[s].relationship] == ["c"]
+    assert [s for s in ABLATION_SETTINGS if SETTINGS[s].relationship] == ["c"]
+    # each ViLBERT setting trains exactly the tasks of the VL-BERT setting it is compared with
+    for vlbert, vilbert in COMPARISON_PAIRS:
+        switches = {k: v for k, v in SETTINGS[vlbert].to_dict().items() if k not in ("name", "model_type")}
+        assert switches == {k: v for k, v in SETTINGS[vilbert].to_dict().items() if k not in ("name", "model_type")}
+        assert SETTINGS[vilbert].model_type == "vilbert"
     with pytest.raises(ValueError, match="unknown"):
         get_setting("e")
 
@@ -669,3 +678,64 @@ def test_visual_lr_scale_trains_the_tuned_visual_network_at_its_own_rate(world, 
     start = load_file(str(tmp_path / "none" / "model.safetensors"))
     encoder = [k for k in weights if k.startswith("encoder.") and k.endswith("weight") and weights[k].ndim == 2]
     assert encoder and not torch.equal(weights[encoder[0]], start[encoder[0]])
+
+
+# ---- ViLBERT (the model comparison) -----------------------------------------------------------------------
+
+VILBERT_SIZES = {"v_hidden_size": 24, "v_num_hidden_layers": 1, "v_num_attention_heads": 2, "v_intermediate_size": 32,
+                 "bi_hidden_size": 20, "bi_num_attention_heads": 2, "t_biattention_id": [0], "v_biattention_id": [0]}
+
+
+def test_vilbert_trains_its_two_objectives_on_the_same_batches(world, tokenizer):
+    from vlbert_core.pretrain.loop import build_vilbert_config
+    from vlbert_core.pretrain.objectives import ViLBertForPretraining
+    from vlbert_core.vilbert.model import ViLBertModel
+    from vlbert_core.vilbert.pretraining import ALIGNED_INDEX
+
+    spec = get_setting("vilbert")
+    detector, meta = load_detector(world["detector"])
+    config = build_vilbert_config(dict(model_cfg(world), vilbert=VILBERT_SIZES), meta, tune_frcnn=False)
+    assert config.appearance_dim == VLBertModel.from_bert(
+        build_vlbert_config(model_cfg(world), meta, tune_frcnn=False), None).config.appearance_dim
+    torch.manual_seed(0)
+    module = ViLBertForPretraining(ViLBertModel.from_bert(config, detector.state_dict()), spec).train()
+    cc, text = _streams(world, tokenizer, "c")   # VL-BERT's setting (c) makes the same batches
+    batch = next(PretrainBatches([DataStream(cc, text, 4, 4)]))
+    assert bool((batch.relationship_labels != IGNORE_INDEX).all())
+    out = module(batch)
+    assert {k for k in out if k.endswith("_loss")} == {"mlm_loss", "roi_loss", "rel_loss"}
+    assert torch.isclose(out["loss"], out["mlm_loss"] + out["roi_loss"] + out["rel_loss"])
+    out["loss"].backward()
+    assert not [p for p in module.model.visual_network.parameters() if p.grad is not None]
+    for head in (module.heads.mlm, module.heads.region, module.heads.alignment):
+        assert any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in head.parameters())
+    # the alignment loss is the cross-entropy towards ALIGNED_INDEX for matched pairs, the other index otherwise
+    module.eval()
+    with torch.no_grad():
+        pooled = module.model.encode(batch.inputs).pooled
+        logits = module.heads.alignment(pooled)
+        target = torch.where(batch.relationship_labels == 1, ALIGNED_INDEX, 1 - ALIGNED_INDEX)
+        torch.testing.assert_close(module(batch)["rel_loss"], F.cross_entropy(logits, target))
+    with pytest.raises(ValueError, match="no <Text, ∅> input"):
+        ViLBertForPretraining(module.model, get_setting("d"))
+
+
+def test_vilbert_pretraining_writes_a_model_the_registry_loads(world, tmp_path):
+    from vlbert_core.model_registry import from_pretrained
+    from vlbert_core.vilbert.model import ViLBertModel
+
+    cfg = dict(model_cfg(world), vilbert=VILBERT_SIZES)
+    for setting in ("vilbert_none", "vilbert"):
+        pretrain(setting, world["cc"], world["rois"], world["text"], world["detector"], cfg, pretrain_cfg(),
+                 str(tmp_path / setting), seed=7, device="cpu")
+        model = from_pretrained(tmp_path / setting)
+        assert isinstance(model, ViLBertModel) and model.config.v_hidden_size == 24
+        assert (tmp_path / setting / "heads.safetensors").is_file()
+        clue = json.loads((tmp_path / setting / "visual_clue.json").read_text())
+        assert clue["with_image"]["masked_tokens"] == clue["blank_image"]["masked_tokens"] > 0
+    rows = [json.loads(line) for line in (tmp_path / "vilbert/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
+    assert all({"mlm_loss", "roi_loss", "rel_loss"} <= set(r) for r in rows if "loss" in r)
+    trained, untrained = from_pretrained(tmp_path / "vilbert"), from_pretrained(tmp_path / "vilbert_none")
+    assert not torch.equal(trained.encoder.state_dict()[next(iter(trained.encoder.state_dict()))],
+                           untrained.encoder.state_dict()[next(iter(untrained.encoder.state_dict()))])

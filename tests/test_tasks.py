@@ -391,34 +391,46 @@ def world(tmp_path_factory):
     return root, sources
 
 
-def save_tiny_pretrained(directory: Path) -> None:
-    """A tiny pre-trained model: 1 BERT layer, a narrow visual network (seeded)."""
+TINY_VISUAL = {"visual_backbone": {"stage_widths": [8, 8, 16, 16], "blocks_per_stage": [1, 1, 1, 1], "block": "basic"},
+               "appearance_dim": 16, "num_object_classes": 3}
+# a two-stream model of the same text and visual network: a 24-wide visual stream, one co-attention layer
+TINY_VILBERT = {"v_hidden_size": 24, "v_num_hidden_layers": 1, "v_num_attention_heads": 2, "v_intermediate_size": 32,
+                "bi_hidden_size": 20, "bi_num_attention_heads": 2, "t_biattention_id": [0], "v_biattention_id": [0]}
+FAMILIES = ("vlbert", "vilbert")
+
+
+def save_tiny_pretrained(directory: Path, family: str = "vlbert") -> None:
+    """A tiny pre-trained model of `family`: 1 BERT layer, a narrow visual network (seeded)."""
     import torch
 
     from vlbert_core.model import VLBertConfig, VLBertModel
     from vlbert_core.model.bert_init import read_bert_config
     from vlbert_core.model.config import bert_fields_from_hf_config
+    from vlbert_core.vilbert.config import ViLBertConfig
+    from vlbert_core.vilbert.model import ViLBertModel
 
     torch.manual_seed(0)
-    config = VLBertConfig(**bert_fields_from_hf_config(read_bert_config(SPEC), 1),
-                          visual_backbone={"stage_widths": [8, 8, 16, 16], "blocks_per_stage": [1, 1, 1, 1],
-                                           "block": "basic"},
-                          appearance_dim=16, geometry_dim=16, num_object_classes=3, bert_path=SPEC)
-    VLBertModel.from_bert(config, None).save_pretrained(directory)
+    bert = bert_fields_from_hf_config(read_bert_config(SPEC), 1)
+    if family == "vilbert":
+        model = ViLBertModel.from_bert(ViLBertConfig(**bert, **TINY_VISUAL, **TINY_VILBERT, bert_path=SPEC), None)
+    else:
+        model = VLBertModel.from_bert(VLBertConfig(**bert, **TINY_VISUAL, geometry_dim=16, bert_path=SPEC), None)
+    model.save_pretrained(directory)
 
 
 HPARAMS = {"epochs": 1, "batch_size": 2, "lr": 1e-3, "optimizer": "adamw", "warmup_steps": 1,
            "max_text_len": 24, "num_answers": 8, "aux_roi_loss_weight": 0.5}
 
 
-def _finetune(world, task, out, tune_frcnn=False, stop_after_step=None, sentence_readout="cls", **overrides):
+def _finetune(world, task, out, tune_frcnn=False, stop_after_step=None, sentence_readout="cls", pretrained=None,
+              **overrides):
     from vlbert_core.tasks.finetune import finetune
 
     root, sources = world
     dataset = "vcr" if task.startswith("vcr") else task
     rois = [str(root / "rois/vqa/train.parquet")] if task == "vqa" else \
         [str(root / "rois/refcoco/train.parquet")] if task == "refcoco" else []
-    return finetune(task, root / "pretrained", out, setting="full", schedule="half", schedule_factor=1.0,
+    return finetune(task, pretrained or root / "pretrained", out, setting="full", schedule="half", schedule_factor=1.0,
                     hparams={**HPARAMS, **overrides}, tune_frcnn=tune_frcnn, model_cfg=MODEL_CFG,
                     sources=sources[dataset], rois_paths=rois, seed=0, sentence_readout=sentence_readout,
                     stop_after_step=stop_after_step)
@@ -776,3 +788,28 @@ def test_finetune_starts_from_a_converted_released_model(world, tmp_path):
     _evaluate(tmp_path / "ft", [("refcoco_det", "val")], tmp_path / "ev", sources["refcoco"],
               [root / "rois/refcoco/val.parquet"])
     _check_eval(tmp_path / "ev/refcoco_det/val.json", "refcoco_det", "accuracy@0.5", "val", 2)
+
+
+@pytest.mark.parametrize("task", ["vqa", "vcr_q2a", "refcoco"])
+def test_every_task_fine_tunes_and_predicts_on_a_vilbert_model(world, tmp_path, task):
+    """One task class serves both families: the heads read the EncoderOutput at the ViLBERT widths."""
+    from vlbert_core.tasks.finetune import load_finetuned
+    from vlbert_core.vilbert.model import ViLBertModel
+
+    root, sources = world
+    save_tiny_pretrained(tmp_path / "vilbert", "vilbert")
+    meta = _finetune(world, task, tmp_path / "ft", pretrained=tmp_path / "vilbert", max_examples=4)
+    assert meta["sentence_readout"] == "pooled" and meta["total_steps"] >= 1
+    model, _ = load_finetuned(tmp_path / "ft")
+    assert isinstance(model.encoder, ViLBertModel)
+    first = next(model.head.parameters())
+    width = {"vqa": TINY_VILBERT["bi_hidden_size"], "vcr_q2a": TINY_VILBERT["bi_hidden_size"],
+             "refcoco": TINY_VILBERT["v_hidden_size"]}[task]
+    assert width in first.shape  # VQA / VCR read the fused pooled vector, RefCOCO+ the regions' states
+    dataset = "vcr" if task.startswith("vcr") else task
+    rois = [root / "rois" / task / "val.parquet"] if task in ("vqa", "refcoco") else []
+    eval_task = {"vqa": "vqa", "vcr_q2a": "vcr_q2a", "refcoco": "refcoco_det"}[task]
+    _evaluate(tmp_path / "ft", [(eval_task, "val")], tmp_path / "eval", sources[dataset], rois)
+    assert (tmp_path / "eval" / eval_task / "val.json").is_file()
+    with pytest.raises(ValueError, match="readout choice applies to VL-BERT only"):
+        _finetune(world, task, tmp_path / "ft2", pretrained=tmp_path / "vilbert", sentence_readout="text_mean")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_tasks import BOXES, MODEL_CFG, _scene, save_tiny_pretrained
+from test_tasks import BOXES, FAMILIES, MODEL_CFG, _scene, save_tiny_pretrained
 
 from vlbert_core.tasks import registry
 from vlbert_core.tasks.base import Task, TaskHeads, TaskLoss, check_prediction_ids, split_path
@@ -112,11 +112,13 @@ def toy_world(tmp_path_factory):
                 lines.append(json.dumps({"pair_id": f"{split}-{i}-{j}", "image": image,
                                          "caption": CAPTIONS[j], "match": match}))
         Path(sources["pairs"].format(split=split)).write_text("\n".join(lines) + "\n")
-    save_tiny_pretrained(root / "pretrained")
+    for family in FAMILIES:
+        save_tiny_pretrained(root / family, family)
     return root, sources
 
 
-def test_a_task_defined_outside_the_package_fine_tunes_and_evaluates(toy_task, toy_world, tmp_path):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_task_defined_outside_the_package_fine_tunes_and_evaluates(toy_task, toy_world, tmp_path, family):
     from vlbert_core.tasks.evaluate import predict_splits, write_prediction_bundle
     from vlbert_core.tasks.finetune import finetune, load_finetuned
     from vlbert_core.tasks.scoring import evaluate_predictions
@@ -124,13 +126,14 @@ def test_a_task_defined_outside_the_package_fine_tunes_and_evaluates(toy_task, t
     root, sources = toy_world
     assert toy_task.name in registry.task_names()
     hparams = {"epochs": 2, "batch_size": 2, "lr": 1e-3, "optimizer": "adamw", "warmup_steps": 1, "max_text_len": 16}
-    meta = finetune(toy_task.name, root / "pretrained", tmp_path / "ft", setting="full", schedule="half",
+    meta = finetune(toy_task.name, root / family, tmp_path / "ft", setting="full", schedule="half",
                     schedule_factor=1.0, hparams=hparams, tune_frcnn=False, model_cfg=MODEL_CFG, sources=sources)
     assert meta["num_train_examples"] == 4 and meta["total_steps"] == 4
     rows = [json.loads(line) for line in (tmp_path / "ft/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(np.isfinite(r["loss"]) and "accuracy" in r for r in rows)
     model, _ = load_finetuned(tmp_path / "ft")
     assert model.task.name == toy_task.name and model.head.out_features == 1
+    assert model.encoder.model_type == family
 
     bundle = predict_splits(tmp_path / "ft", [(toy_task.name, "val")], sources=sources, model_cfg=MODEL_CFG)
     write_prediction_bundle(bundle, tmp_path / "predictions.json", model_dir=tmp_path / "ft")

@@ -29,7 +29,9 @@ from vlbert_core.detector import build_resnet_c4, load_detector
 from vlbert_core.model import VLBertConfig, VLBertModel, build_input_sequence, collate_samples, load_tokenizer
 from vlbert_core.model.bert_init import read_bert_config
 from vlbert_core.model.config import RELEASED_OPTION_KEYS, bert_fields_from_hf_config, visual_pixel_format
-from vlbert_core.model.heads import load_pretraining_heads, save_pretraining_heads
+from vlbert_core.model.heads import save_pretraining_heads
+from vlbert_core.model_registry import from_pretrained, model_class
+from vlbert_core.vilbert.config import ViLBertConfig
 from vlbert_core.optim import OptimizerSettings, build_optimizer, build_scheduler, warmup_linear_decay
 from vlbert_core.resume import load_resume_checkpoint, rng_state, run_fingerprint, set_rng_state
 from vlbert_core.tensorboard_log import TrainingEvents
@@ -40,7 +42,7 @@ from .data import (
     read_held_out_captions,
 )
 from .masking import MaskingVocab
-from .objectives import VLBertForPretraining, target_counts
+from .objectives import VLBertForPretraining, pretraining_module, target_counts
 from .settings import PretrainSetting, get_setting
 from .visual_clue import visual_clue_check
 
@@ -67,11 +69,8 @@ def _require(cfg: Mapping[str, Any], keys: tuple[str, ...], section: str) -> Non
         raise KeyError(f"config section '{section}' lacks keys {missing}")
 
 
-def build_vlbert_config(model_cfg: Mapping[str, Any], detector_meta: Mapping[str, Any], *, tune_frcnn: bool) -> VLBertConfig:
-    """VLBertConfig from the config's `model:` section, the BERT checkpoint and the detector checkpoint."""
-    _require(model_cfg, MODEL_KEYS, "model")
-    if model_cfg.get("type", VLBertModel.model_type) != VLBertModel.model_type:
-        raise ValueError(f"model.type {model_cfg['type']!r}: pre-training builds {VLBertModel.model_type} models only")
+def visual_backbone(model_cfg: Mapping[str, Any], detector_meta: Mapping[str, Any]) -> tuple[dict, int]:
+    """(the visual network's backbone config, its RoI feature size): the detector's, with the config's changes."""
     backbone = {k: v for k, v in dict(detector_meta["config"]["backbone"]).items() if k != "init_weights"}
     if model_cfg.get("visual_head_dilation") is not None:
         # released: the detector's stage 5 re-used per RoI at stride 1, dilation 2 (IMAGE_C5_DILATED)
@@ -81,6 +80,13 @@ def build_vlbert_config(model_cfg: Mapping[str, Any], detector_meta: Mapping[str
         # detector's (resnet101-pt-vgbua)
         backbone["stem_pool"] = str(model_cfg["visual_stem_pool"])
     _, _, _, appearance_dim = build_resnet_c4(backbone)
+    return backbone, appearance_dim
+
+
+def build_vlbert_config(model_cfg: Mapping[str, Any], detector_meta: Mapping[str, Any], *, tune_frcnn: bool) -> VLBertConfig:
+    """VLBertConfig from the config's `model:` section, the BERT checkpoint and the detector checkpoint."""
+    _require(model_cfg, MODEL_KEYS, "model")
+    backbone, appearance_dim = visual_backbone(model_cfg, detector_meta)
     return VLBertConfig(
         **bert_fields_from_hf_config(read_bert_config(model_cfg["bert_path"]), int(model_cfg["num_hidden_layers"])),
         visual_backbone=backbone, appearance_dim=appearance_dim, geometry_dim=int(model_cfg["geometry_dim"]),
@@ -92,6 +98,29 @@ def build_vlbert_config(model_cfg: Mapping[str, Any], detector_meta: Mapping[str
         standardise_appearance=bool(model_cfg.get("standardise_appearance", False)),
         **{k: model_cfg[k] for k in RELEASED_OPTION_KEYS if model_cfg.get(k) is not None},
     )
+
+
+def build_vilbert_config(model_cfg: Mapping[str, Any], detector_meta: Mapping[str, Any], *,
+                         tune_frcnn: bool) -> ViLBertConfig:
+    """ViLBertConfig from the config's `model:` section (its `vilbert:` sizes), the BERT checkpoint (the text
+    stream, cut to num_hidden_layers as VL-BERT's) and the detector checkpoint (the same visual network)."""
+    _require(model_cfg, MODEL_KEYS, "model")
+    backbone, appearance_dim = visual_backbone(model_cfg, detector_meta)
+    bert = read_bert_config(model_cfg["bert_path"])
+    return ViLBertConfig(
+        **bert_fields_from_hf_config(bert, int(model_cfg["num_hidden_layers"])),
+        type_vocab_size=int(bert.get("type_vocab_size", 2)),
+        **dict(model_cfg.get("vilbert") or {}),
+        visual_backbone=backbone, appearance_dim=appearance_dim,
+        num_object_classes=int(detector_meta["num_classes"]) + 1,  # + background, as in the RoI class scores
+        tune_frcnn=tune_frcnn, frozen_stages=int(model_cfg["frozen_stages"]), freeze_bn=bool(model_cfg["freeze_bn"]),
+        bert_path=str(model_cfg["bert_path"]),
+        **{k: model_cfg[k] for k in ("roi_sampling_ratio", "task_heads") if model_cfg.get(k) is not None},
+    )
+
+
+# model_type -> how a pre-training run builds its config from the run's config
+CONFIG_BUILDERS = {"vlbert": build_vlbert_config, "vilbert": build_vilbert_config}
 
 
 def _init_distributed(device: str) -> tuple[int, int, torch.device]:
@@ -203,13 +232,16 @@ def start_from_model(init_from: str | os.PathLike, spec: PretrainSetting) -> VLB
 
     The architecture is the directory's; the setting decides whether the visual network is tuned. A head the
     setting trains but the directory lacks starts as in a fresh run (BERT's MLM head, else N(0, 0.02))."""
-    saved = VLBertModel.from_pretrained(init_from)
-    config = VLBertConfig.from_dict({**saved.config.to_dict(), "tune_frcnn": spec.tune_frcnn})
-    model = VLBertModel(config)
+    saved = from_pretrained(init_from)
+    if saved.model_type != spec.model_type:
+        raise ValueError(f"{init_from} holds a {saved.model_type} model; setting {spec.name!r} pre-trains "
+                         f"{spec.model_type}")
+    config = saved.config_class.from_dict({**saved.config.to_dict(), "tune_frcnn": spec.tune_frcnn})
+    model = type(saved)(config)
     model.load_state_dict(saved.state_dict())
     del saved
-    module = VLBertForPretraining(model, spec)
-    loaded = load_pretraining_heads(module.heads, init_from)
+    module = pretraining_module(model, spec)
+    loaded = module.load_heads(init_from)
     if not loaded.get("mlm"):
         module.heads.load_from_bert(config.bert_path)
     log.info("continuing from %s: heads loaded from it %s (missing ones start fresh)", init_from, loaded)
@@ -241,10 +273,10 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
         model, config = module.model, module.model.config
     else:
         detector, detector_meta = load_detector(detector_path)
-        config = build_vlbert_config(model_cfg, detector_meta, tune_frcnn=spec.tune_frcnn)
-        model = VLBertModel.from_bert(config, detector.state_dict())
+        config = CONFIG_BUILDERS[spec.model_type](model_cfg, detector_meta, tune_frcnn=spec.tune_frcnn)
+        model = model_class(spec.model_type).from_bert(config, detector.state_dict())
         del detector
-        module = VLBertForPretraining(model, spec)
+        module = pretraining_module(model, spec)
         loaded = module.heads.load_from_bert(config.bert_path)
         log.info("heads from BERT: %s (the rest initialised N(0, 0.02))", loaded)
     module.to(dev)
@@ -253,11 +285,12 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
                               max_text_len=int(pretrain_cfg["max_text_len"]), max_rois=int(model_cfg["max_rois"]),
                               image_max_side=int(model_cfg["image_max_side"]), seed=seed,
                               held_out_per_shard=int(pretrain_cfg["held_out_per_shard"]),
-                              pixel_format=visual_pixel_format(config), text_only_layout=config.text_only_layout,
+                              pixel_format=visual_pixel_format(config),
+                              text_only_layout=getattr(config, "text_only_layout", "bert"),  # ViLBERT: no text-only rows
                               image_min_side=None if model_cfg.get("image_min_side") is None
                               else int(model_cfg["image_min_side"]))
 
-    if config.standardise_appearance and init_from is None:   # a given model keeps its own statistics
+    if getattr(config, "standardise_appearance", False) and init_from is None:   # a given model keeps its own statistics
         boxes = measure_appearance_statistics(model, cc_shards, roi_parquets, tokenizer, stream_cfg, dev)
         log.info("appearance statistics from %d RoIs of the first training images", boxes)
 

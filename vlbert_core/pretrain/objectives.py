@@ -1,12 +1,16 @@
-"""VL-BERT with its pre-training heads, computing the losses and accuracies of the active tasks."""
+"""A model with its pre-training heads, computing the losses and accuracies of the active tasks: VL-BERT's
+(`VLBertForPretraining`) and ViLBERT's (`ViLBertForPretraining`), on the same batches (data.PretrainBatch)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vlbert_core.model import IMG, PretrainingHeads, VLBertBatch, VLBertModel
+from vlbert_core.model.heads import load_pretraining_heads
 from vlbert_core.model.inputs import IGNORE_INDEX
 
 from .data import PretrainBatch
@@ -66,6 +70,32 @@ def target_counts(batch: PretrainBatch) -> torch.Tensor:
                         else targets[name].sum().float() for name in TASK_NAMES])
 
 
+class TaskLosses:
+    """The losses and accuracies of one step's active tasks, each a sum over its targets divided by its
+    normaliser (see VLBertForPretraining), and their total under "loss"."""
+
+    def __init__(self, normalisers: torch.Tensor):
+        self.norm = dict(zip(TASK_NAMES, normalisers.unbind()))
+        self.out: dict[str, torch.Tensor] = {}
+        self.losses: list[torch.Tensor] = []
+
+    def add(self, name: str, per_target_loss: torch.Tensor, correct: torch.Tensor) -> None:
+        # The head runs even on zero targets (an empty input), so its parameters get a (zero) gradient
+        # on every rank, as DDP requires. A task without targets anywhere gets a NaN accuracy.
+        norm = self.norm[name]
+        if float(norm) > 0:
+            loss = per_target_loss.sum() / norm
+            self.out[f"{name}_acc"] = (correct.float().sum() / norm).detach()
+        else:
+            loss = per_target_loss.sum() * 0.0
+            self.out[f"{name}_acc"] = torch.tensor(float("nan"), device=per_target_loss.device)
+        self.out[f"{name}_loss"] = loss
+        self.losses.append(loss)
+
+    def result(self) -> dict[str, torch.Tensor]:
+        return {**self.out, "loss": torch.stack(self.losses).sum()}
+
+
 class VLBertForPretraining(nn.Module):
     """forward(batch) -> {name: scalar tensor}: "loss" (the sum that is trained) and, for each active task,
     its loss and accuracy. Keys present = tasks active in the setting: mlm_loss/mlm_acc (captions, Task 1),
@@ -85,6 +115,10 @@ class VLBertForPretraining(nn.Module):
         self.heads = PretrainingHeads(model.config, model.word_embeddings(), masked_roi_cls=setting.masked_roi_cls,
                                       relationship=setting.relationship)
 
+    def load_heads(self, directory) -> dict[str, bool]:
+        """The heads saved in `directory` (heads.safetensors) that this setting trains; returns which were there."""
+        return load_pretraining_heads(self.heads, directory)
+
     def forward(self, batch: PretrainBatch, normalisers: torch.Tensor | None = None,
                 roi_features: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """`normalisers`: Float [len(TASK_NAMES)] (see the class); `roi_features`: precomputed visual network
@@ -94,21 +128,8 @@ class VLBertForPretraining(nn.Module):
         targets = _targets(batch)
         if normalisers is None:
             normalisers = target_counts(batch)
-        norm = dict(zip(TASK_NAMES, normalisers.unbind()))
-        out: dict[str, torch.Tensor] = {}
-        losses: list[torch.Tensor] = []
-
-        def add(name: str, per_target_loss: torch.Tensor, correct: torch.Tensor) -> None:
-            # The head runs even on zero targets (an empty input), so its parameters get a (zero) gradient
-            # on every rank, as DDP requires. A task without targets anywhere gets a NaN accuracy.
-            if float(norm[name]) > 0:
-                loss = per_target_loss.sum() / norm[name]
-                out[f"{name}_acc"] = (correct.float().sum() / norm[name]).detach()
-            else:
-                loss = per_target_loss.sum() * 0.0
-                out[f"{name}_acc"] = torch.tensor(float("nan"), device=hidden.device)
-            out[f"{name}_loss"] = loss
-            losses.append(loss)
+        book = TaskLosses(normalisers)
+        add = book.add
 
         # MLM: one head pass over every masked position, reported separately for captions and text.
         any_mlm = targets["mlm"] | targets["mlm_text"]
@@ -138,5 +159,83 @@ class VLBertForPretraining(nn.Module):
             rel_labels = batch.relationship_labels[has_label]
             add("rel", F.cross_entropy(rel_logits, rel_labels, reduction="none"), rel_logits.argmax(-1) == rel_labels)
 
-        out["loss"] = torch.stack(losses).sum()
-        return out
+        return book.result()
+
+
+class ViLBertForPretraining(nn.Module):
+    """ViLBERT's two pre-training objectives on the same batches as VL-BERT's (forward as
+    VLBertForPretraining's, same keys):
+    - masked multi-modal modelling: MLM on the caption words (mlm_loss/mlm_acc), and each masked region's
+      detector class distribution predicted from its visual state (roi_loss/roi_acc; soft cross-entropy, which
+      differs from ViLBERT's KL divergence by the targets' entropy, a constant: same gradients);
+    - multi-modal alignment: does the caption belong to the image, from the pooled h_IMG * h_CLS (rel_loss/
+      rel_acc; the data's mismatched pairs, as for VL-BERT's setting (c)).
+    The setting's switches pick which of them train, as for VL-BERT; ViLBERT has no text-only input, so a
+    setting with the text corpus is refused.
+    """
+
+    def __init__(self, model, setting: PretrainSetting):
+        super().__init__()
+        from vlbert_core.vilbert.pretraining import ViLBertPretrainingHeads
+
+        if setting.text_corpus:
+            raise ValueError(f"pre-training setting {setting.name!r}: ViLBERT has no <Text, ∅> input; its "
+                             "settings train on <Caption, Image> pairs only")
+        self.model = model
+        self.setting = setting
+        self.heads = ViLBertPretrainingHeads(model.config, model.word_embeddings())
+
+    def load_heads(self, directory) -> dict[str, bool]:
+        """All three heads from `directory`'s heads.safetensors, when it has one."""
+        from vlbert_core.model.heads import HEADS_FILE
+        from vlbert_core.vilbert.pretraining import HEAD_NAMES, load_vilbert_pretraining_heads
+
+        if not (Path(directory) / HEADS_FILE).is_file():
+            return {name: False for name in HEAD_NAMES}
+        load_vilbert_pretraining_heads(self.heads, directory)
+        return {name: True for name in HEAD_NAMES}
+
+    def forward(self, batch: PretrainBatch, normalisers: torch.Tensor | None = None,
+                roi_features: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        from vlbert_core.vilbert.pretraining import ALIGNED_INDEX
+
+        output = self.model.encode(batch.inputs, roi_features=roi_features)
+        if normalisers is None:
+            normalisers = target_counts(batch)
+        book = TaskLosses(normalisers)
+
+        if self.setting.mlm_visual:
+            words = batch.mlm_labels != IGNORE_INDEX
+            logits = self.heads.mlm(output.text_states[words]).float()
+            labels = batch.mlm_labels[words]
+            book.add("mlm", F.cross_entropy(logits, labels, reduction="none"), logits.argmax(-1) == labels)
+
+        if self.setting.masked_roi_cls:
+            selected = (torch.zeros_like(output.visual_mask) if batch.roi_selected is None
+                        else batch.roi_selected & output.visual_mask)
+            region_logits = self.heads.region(output.visual_states[selected]).float()
+            targets = (region_logits.new_zeros(region_logits.shape) if batch.roi_labels is None
+                       else batch.roi_labels[selected])
+            book.add("roi", soft_cross_entropy(region_logits, targets),
+                     region_logits.argmax(-1) == targets.argmax(-1))
+
+        if self.setting.relationship:
+            has_label = batch.relationship_labels != IGNORE_INDEX
+            align_logits = self.heads.alignment(output.pooled[has_label]).float()
+            # the data's label is 1 for a matched pair; ViLBERT's logit ALIGNED_INDEX is "matched"
+            matched = batch.relationship_labels[has_label] == 1
+            align_labels = torch.where(matched, ALIGNED_INDEX, 1 - ALIGNED_INDEX)
+            book.add("rel", F.cross_entropy(align_logits, align_labels, reduction="none"),
+                     align_logits.argmax(-1) == align_labels)
+        return book.result()
+
+
+# model_type -> the module that pre-trains a model of that family
+PRETRAINING_MODULES = {"vlbert": VLBertForPretraining, "vilbert": ViLBertForPretraining}
+
+
+def pretraining_module(model, setting: PretrainSetting) -> nn.Module:
+    """The model with the pre-training heads of its family, for `setting`."""
+    if model.model_type not in PRETRAINING_MODULES:
+        raise ValueError(f"no pre-training for model type {model.model_type!r}; known: {list(PRETRAINING_MODULES)}")
+    return PRETRAINING_MODULES[model.model_type](model, setting)

@@ -82,7 +82,7 @@ def _chunk_correct(model, mlm_head, captions: list[dict], tokenizer, device) -> 
     batch.images = None
     batch = batch.to(device)
     features = roi_features[torch.as_tensor(owner, device=device), : batch.boxes.shape[1]]
-    hidden = model(batch, roi_features=features).sequence_output
+    hidden = model(batch, roi_features=features).text_states
     label_tensor = torch.full(batch.input_ids.shape, IGNORE_INDEX, dtype=torch.long)
     for row, row_labels in enumerate(labels):
         label_tensor[row, : len(row_labels)] = torch.as_tensor(row_labels)

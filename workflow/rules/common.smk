@@ -14,6 +14,12 @@ from vlbert_core.pretrain.settings import RELEASED_SETTING, get_setting
 from vlbert_core.tables import table_specs
 from vlbert_core.tables.build import outcome_paths
 from vlbert_core.tables.seeds import check_seeds, seed_eval_paths
+from vlbert_core.tables.comparison import (
+    check_comparison_seeds,
+    comparison_eval_paths,
+    comparison_pretrain_paths,
+    comparison_settings,
+)
 from vlbert_core.tables.finetune_seeds import (
     check_finetune_seeds,
     finetune_seed_eval_paths,
@@ -72,6 +78,8 @@ PAPER_TABLE_SETTINGS = ["none", "full"] + ([RELEASED_SETTING] if INIT_FROM else 
 FINETUNE_SETTINGS = list(config["pretrain"]["settings"]) + (
     [RELEASED_SETTING] if INIT_FROM else []
 )
+# The settings only the model comparison fine-tunes (compare.smk): ViLBERT's
+COMPARISON_ONLY_SETTINGS = [s for s in comparison_settings() if s not in FINETUNE_SETTINGS]
 # The tasks, their datasets and eval tasks: vlbert_core/tasks/registry.py.
 FINETUNE_TASKS = task_names()
 EVAL_TASKS = eval_task_names()
@@ -88,7 +96,7 @@ TABLES = expand(
 wildcard_constraints:
     shard=r"\d{5}",
     split=r"[A-Za-z0-9_]+",
-    setting="|".join(FINETUNE_SETTINGS),
+    setting="|".join(FINETUNE_SETTINGS + COMPARISON_ONLY_SETTINGS),
     schedule="|".join(config["finetune"]["schedules"]),
     finetune_task="|".join(FINETUNE_TASKS),
     eval_task="|".join(EVAL_TASKS),
@@ -388,6 +396,19 @@ def finetune_seed_table_evals(wildcards):
     check_finetune_seeds(config["finetune_seeds"], PAPER_TABLE_SETTINGS)
     args = ("results", config["finetune_seeds"], config["seed"], PAPER_TABLE_SETTINGS)
     return [str(path) for path in finetune_seed_eval_paths(*args)]
+
+
+def comparison_evals(wildcards):
+    """The eval JSONs of the model comparison: every seed of compare.seeds x its settings x Table 4 column."""
+    check_comparison_seeds(config["compare"]["seeds"])
+    args = ("results", config["compare"]["seeds"], config["seed"])
+    return [str(path) for path in comparison_eval_paths(*args)]
+
+
+def comparison_pretrained(wildcards):
+    """The pre-trained models of the comparison (their metrics give the seconds, their weights the size)."""
+    args = ("results", config["compare"]["seeds"], config["seed"])
+    return [str(path) for path in comparison_pretrain_paths(*args)]
 
 
 def seed_table_evals(wildcards):
