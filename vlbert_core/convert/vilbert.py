@@ -10,8 +10,9 @@ activations, dropouts) comes from the released config/bert_base_6layer_6conect.j
 (conversion_report.json beside the weights); a tensor the mapping expects and the file lacks is an error.
 
 The released ViLBERT holds no visual network: its region features were precomputed by a detector (for the
-multi-task release, a ResNeXt-152 Faster R-CNN of vqa-maskrcnn-benchmark, which this project's ResNet-C4 network
-cannot express). As `convert vl-bert` does for its "prec" checkpoints, the visual network comes from a file named
+multi-task release, vqa-maskrcnn-benchmark's detectron_model.pth, data/README.md; script/extract_features.py reads
+its fc6 layer, an MLP box head that this project's ResNet-C4 network does not express). As `convert vl-bert` does
+for its "prec" checkpoints, the visual network comes from a file named
 on the command line: `--detector`, a detector checkpoint of this project (e.g. what `convert bottom-up` writes
 from bottom-up attention's ResNet-101, whose 2048-d features the original ViLBERT was trained on). Its RoI
 feature width must be the checkpoint's v_feature_size and its classes + background the region head's
