@@ -182,7 +182,8 @@ def test_from_bert_takes_the_text_stream_from_bert_and_starts_the_rest_new(tiny_
     ids, types = torch.tensor([[CLS, 5, 6, SEP, 7, SEP]]), torch.tensor([[0, 0, 0, 0, 1, 1]])
     with torch.no_grad():
         torch.testing.assert_close(model.embeddings(ids, types), bert.embeddings(input_ids=ids, token_type_ids=types))
-        torch.testing.assert_close(model.encoder.text_layers[2].output.weight, bert.encoder.layer[2].output.dense.weight)
+        torch.testing.assert_close(model.encoder.text_layers[2].output.weight,
+                                   bert.encoder.layer[2].output.dense.weight)
     new = model.encoder.coattention_layers[0].attention.text_query.weight.detach()
     assert 0.01 < float(new.std()) < 0.03 and float(model.text_pooler.dense.bias.detach().abs().max()) == 0.0
     with pytest.raises(ValueError, match="hidden_size=24 but the BERT checkpoint"):
@@ -239,7 +240,8 @@ def test_every_released_tensor_is_mapped_or_dropped_for_a_reason():
     assert len(report.dropped) == 1 + 4 * 2   # the tied decoder, q_dense1/2 weight and bias of 2 layers
     assert all(key.startswith("visual_network.") for key in report.filled)
     assert converted.config.appearance_dim == 16 and converted.config.num_object_classes == 7
-    assert set(converted.heads) == set(ViLBertPretrainingHeads(converted.config, torch.nn.Embedding(64, 32)).state_dict())
+    heads = ViLBertPretrainingHeads(converted.config, torch.nn.Embedding(64, 32))
+    assert set(converted.heads) == set(heads.state_dict())
 
 
 def test_a_missing_or_unknown_key_is_an_error_naming_it():
@@ -253,7 +255,7 @@ def test_a_missing_or_unknown_key_is_an_error_naming_it():
     untied[TIED_DECODER[0]] = source[TIED_DECODER[1]] + 1.0
     with pytest.raises(ConversionError, match="differs from"):
         _convert(untied)
-    with pytest.raises(ConversionError, match="the config says hidden_size=64, the checkpoint's tensors hidden_size=32"):
+    with pytest.raises(ConversionError, match="config says hidden_size=64, the checkpoint's tensors hidden_size=32"):
         _convert(source, authors_config={**SMALL_CONFIG, "hidden_size": 64})
     with pytest.raises(ConversionError, match="dynamic_attention"):
         _convert(source, authors_config={**SMALL_CONFIG, "dynamic_attention": True})

@@ -338,7 +338,7 @@ def convert_vilbert_state(source: Mapping[str, torch.Tensor], *, source_name: st
     """Convert a released state dict. `visual_backbone`: the backbone config of the visual network that will be
     filled from `visual_name`; `authors_config`: a --config (authors' keys), else the released one."""
     source = strip_module_prefix(dict(source))
-    if "bert.embeddings.word_embeddings.weight" not in source or "bert.v_embeddings.image_embeddings.weight" not in source:
+    if not {"bert.embeddings.word_embeddings.weight", "bert.v_embeddings.image_embeddings.weight"} <= set(source):
         raise ConversionError(f"{source_name}: no 'bert.embeddings.word_embeddings.weight' and "
                               f"'bert.v_embeddings.image_embeddings.weight': not a ViLBERT checkpoint (first keys: "
                               f"{sorted(source)[:5]})")
@@ -426,7 +426,8 @@ def stand_in_state(config: Mapping[str, Any], seed: int = 0) -> dict[str, torch.
     return state
 
 
-def write_stand_in(path: str | os.PathLike, config: Mapping[str, Any] | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
+def write_stand_in(path: str | os.PathLike, config: Mapping[str, Any] | None = None,
+                   seed: int = 0) -> dict[str, torch.Tensor]:
     """A stand-in of pretrained_model.bin (torch.save of the state dict) for `config` (authors' keys over the
     released config; default: the released sizes, 1 GB). Returns the state written."""
     from vlbert_core.utils import atomic_path
@@ -441,8 +442,9 @@ def write_stand_in(path: str | os.PathLike, config: Mapping[str, Any] | None = N
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vlbert_core.convert.vilbert",
-                                     description="Stand-ins of the released ViLBERT (facebookresearch/vilbert-multi-task "
-                                                 f"{PUBLISHED_FILE}): random values, the released key layout.")
+                                     description="Stand-ins of the released ViLBERT (facebookresearch/"
+                                                 f"vilbert-multi-task {PUBLISHED_FILE}): random values, the released "
+                                                 "key layout.")
     sub = parser.add_subparsers(dest="command", required=True)
     stand_in = sub.add_parser("stand-in", help=f"write a random-valued {PUBLISHED_FILE}")
     stand_in.add_argument("out", help="file to write")

@@ -118,7 +118,8 @@ def run(model, inputs: dict) -> dict[str, np.ndarray]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--authors-repo", required=True, help="a checkout of facebookresearch/vilbert-multi-task")
-    parser.add_argument("--config", required=True, help="a config file of theirs (config/bert_base_6layer_6conect.json)")
+    parser.add_argument("--config", required=True,
+                        help="a config file of theirs (config/bert_base_6layer_6conect.json)")
     parser.add_argument("--checkpoint", required=True, help="the state dict (pretrained_model.bin or a stand-in)")
     parser.add_argument("--inputs", help="the reference batch (.npz)")
     parser.add_argument("--out", help="where the per-stage outputs go (.npz)")

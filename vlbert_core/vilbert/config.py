@@ -88,14 +88,16 @@ class ViLBertConfig:
                              f"{self.type_vocab_size}")
         self._validate_coattention_ids()
         if self.fusion_method not in FUSION_METHODS:
-            raise ValueError(f"ViLBertConfig: fusion_method must be one of {FUSION_METHODS}, got {self.fusion_method!r}")
+            raise ValueError(f"ViLBertConfig: fusion_method must be one of {FUSION_METHODS}, got "
+                             f"{self.fusion_method!r}")
         if self.num_object_classes < 1 or self.appearance_dim < 1:
             raise ValueError(f"ViLBertConfig: num_object_classes ({self.num_object_classes}) and appearance_dim "
                              f"({self.appearance_dim}) must be >= 1")
         if self.task_heads not in TASK_HEAD_LAYOUTS:
             raise ValueError(f"ViLBertConfig: task_heads must be one of {TASK_HEAD_LAYOUTS}, got {self.task_heads!r}")
         if self.roi_sampling_ratio < 0:
-            raise ValueError(f"ViLBertConfig: roi_sampling_ratio must be >= 0 (0: adaptive), got {self.roi_sampling_ratio}")
+            raise ValueError(f"ViLBertConfig: roi_sampling_ratio must be >= 0 (0: adaptive), got "
+                             f"{self.roi_sampling_ratio}")
         if not 0 <= self.frozen_stages <= 5:
             raise ValueError(f"ViLBertConfig: frozen_stages must be in 0..5, got {self.frozen_stages}")
 

@@ -87,6 +87,6 @@ def load_vilbert_pretraining_heads(heads: ViLBertPretrainingHeads, directory: st
     saved = load_safetensors(path)
     own = heads.state_dict()
     if set(saved) != set(own):
-        raise ValueError(f"{path}: not ViLBERT's pre-training heads {HEAD_NAMES}: missing {sorted(set(own) - set(saved))[:8]}, "
-                         f"unexpected {sorted(set(saved) - set(own))[:8]}")
+        raise ValueError(f"{path}: not ViLBERT's pre-training heads {HEAD_NAMES}: missing "
+                         f"{sorted(set(own) - set(saved))[:8]}, unexpected {sorted(set(saved) - set(own))[:8]}")
     copy_tensors(heads, saved, {key: key for key in saved}, where=str(path))

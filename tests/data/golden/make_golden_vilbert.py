@@ -6,7 +6,8 @@ small config (vlbert_core/convert/vilbert_reference.py SMALL_CONFIG: hidden 32, 
 It needs the authors' code, so CI does not run it: a checkout of facebookresearch/vilbert-multi-task and a
 Python environment with torch and numpy (their vilbert/utils.py is stood in for: vilbert_authors_runner.py).
 
-Run: uv run python tests/data/golden/make_golden_vilbert.py --authors-repo vilbert-multi-task --authors-python ENV/bin/python
+Run: uv run python tests/data/golden/make_golden_vilbert.py --authors-repo vilbert-multi-task \
+         --authors-python ENV/bin/python
 """
 
 from __future__ import annotations
