@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TINY_DETECTOR_CFG
 from PIL import Image
-from test_tasks import HPARAMS, MODEL_CFG, world  # noqa: F401  (world: the tasks' module fixture)
+from test_tasks import HPARAMS, MODEL_CFG, save_tiny_pretrained, world  # noqa: F401  (world: the tasks' module fixture)
 
 from vlbert_core.predict import PredictError, Predictor
 from vlbert_core.predict.__main__ import main
@@ -124,6 +124,28 @@ def test_vqa_answers_equal_the_evaluation(world, runs):  # noqa: F811
     written = main(["--model", str(out / "vqa"), "--detector", str(out / "detector.pt"),
                     "--config", str(_config(out)), "--queries", str(out / "queries.jsonl")])
     assert [r["answers"] for r in written["results"]] == [r["answers"] for r in predictor.predict(queries[:2])]
+
+
+def test_a_vilbert_model_answers_as_its_evaluation(world, runs, tmp_path):  # noqa: F811
+    from vlbert_core.tasks.finetune import finetune
+
+    root, sources = world
+    out, rois = runs
+    save_tiny_pretrained(tmp_path / "vilbert", "vilbert")
+    finetune("vqa", tmp_path / "vilbert", tmp_path / "vqa", setting="vilbert", schedule="half", schedule_factor=1.0,
+             hparams={**HPARAMS, "lr": 1e-2}, tune_frcnn=False, model_cfg=MODEL_CFG, sources=sources["vqa"],
+             rois_paths=[str(root / "rois/vqa/train.parquet")], seed=0)
+    expected = _evaluation(tmp_path / "vqa", "vqa", sources["vqa"], [rois["vqa"]])
+    questions = vqa_lib.load_vqa(sources["vqa"]["questions"].format(split="val"))
+    images = Path(sources["vqa"]["images"].format(split="val"))
+    queries = [{"image": str(images / f"{q.image_key}.jpg"), "text": q.question} for q in questions]
+    predictor = Predictor(tmp_path / "vqa", task="vqa", detector=out / "detector.pt", select=SELECT)
+    assert predictor.model.encoder.model_type == "vilbert"
+    results = predictor.predict(queries, top_k=2)
+    assert [r["answers"][0]["answer"] for r in results] == [row["answer"] for row in expected]
+    for result, scores in zip(results, _evaluation_scores(tmp_path / "vqa", "vqa", sources["vqa"], [rois["vqa"]])):
+        assert [a["score"] for a in result["answers"]] == pytest.approx(scores.sort(descending=True).values[:2].tolist(),
+                                                                       abs=1e-6)
 
 
 def _config(out: Path) -> Path:
