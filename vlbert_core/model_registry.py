@@ -1,10 +1,14 @@
 """The model families the pipeline trains, behind one loader.
 
-A family is a model class with `model_type` (its name in the config's `model.type` and in the `model_type` of
-every config.json it saves), a `config_class` (`from_dict` / `to_dict`), `save_pretrained(directory)` and the
-classmethod `from_pretrained(directory)`, the names researchers know from transformers. `from_pretrained`
-here reads a directory's config.json and builds the right class, so the code that loads a pre-trained model
-(fine-tuning, prediction, continued pre-training) names no family. VL-BERT is the one family so far.
+A family is a model class with `model_type` (its name in the pre-training settings, vlbert_core/pretrain/settings.py,
+and in the `model_type` of every config.json it saves), a `config_class` (`from_dict` / `to_dict`),
+`save_pretrained(directory)` and the classmethod `from_pretrained(directory)`, the names researchers know from
+transformers, plus what the pipeline asks of it: `from_bert(config, detector_state_dict)`, `visual_network`,
+`encode(batch, roi_features=None, rows_per_image=1) -> EncoderOutput` and `head_spec() -> HeadSpec`
+(vlbert_core/model_output.py). `from_pretrained` here reads a directory's config.json and builds the right class,
+so the code that loads a pre-trained model (fine-tuning, prediction, continued pre-training) names no family.
+The families: VL-BERT (vlbert_core/model) and ViLBERT (vlbert_core/vilbert); docs/models.md compares them and
+says how to add a third.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from typing import Any, Mapping
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 # model_type -> (module, class)
-FAMILIES: dict[str, tuple[str, str]] = {"vlbert": ("vlbert_core.model.vlbert", "VLBertModel")}
-FAMILIES["vilbert"] = ("vlbert_core.vilbert.model", "ViLBertModel")
+FAMILIES: dict[str, tuple[str, str]] = {"vlbert": ("vlbert_core.model.vlbert", "VLBertModel"),
+                                        "vilbert": ("vlbert_core.vilbert.model", "ViLBertModel")}
 # config.json files written before `model_type` existed hold a VL-BERT
 LEGACY_MODEL_TYPE = "vlbert"
 
