@@ -153,27 +153,30 @@ def save_pretraining_heads(heads: PretrainingHeads, directory: str | os.PathLike
     save_safetensors(heads.state_dict(), Path(directory) / HEADS_FILE)
 
 
-def read_pretraining_heads(directory: str | os.PathLike) -> dict[str, dict[str, torch.Tensor]]:
+def read_pretraining_heads(directory: str | os.PathLike,
+                           head_names: tuple[str, ...] = HEAD_NAMES) -> dict[str, dict[str, torch.Tensor]]:
     """{head name: its state dict} of directory/heads.safetensors, for the heads it holds; {} without the
-    file (a model directory written before heads were saved, or by fine-tuning)."""
+    file (a model directory written before heads were saved, or by fine-tuning). `head_names`: the family's
+    heads (VL-BERT's by default; vlbert_core.vilbert.pretraining.HEAD_NAMES for ViLBERT's)."""
     path = Path(directory) / HEADS_FILE
     if not path.is_file():
         return {}
     heads: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in load_safetensors(path).items():
         name, _, rest = key.partition(".")
-        if name not in HEAD_NAMES or not rest:
-            raise ValueError(f"{path}: key {key!r} belongs to no pre-training head {HEAD_NAMES}")
+        if name not in head_names or not rest:
+            raise ValueError(f"{path}: key {key!r} belongs to no pre-training head {head_names}")
         heads.setdefault(name, {})[rest] = value
     return heads
 
 
-def load_pretraining_heads(heads: PretrainingHeads, directory: str | os.PathLike) -> dict[str, bool]:
+def load_pretraining_heads(heads: nn.Module, directory: str | os.PathLike,
+                           head_names: tuple[str, ...] = HEAD_NAMES) -> dict[str, bool]:
     """Copy the heads saved in `directory` into `heads` (the heads both have, shapes checked); returns which of
     `heads`' heads were loaded. A saved head `heads` lacks is left out (its setting does not train it)."""
-    saved = read_pretraining_heads(directory)
+    saved = read_pretraining_heads(directory, head_names)
     loaded = {}
-    for name in HEAD_NAMES:
+    for name in head_names:
         module = getattr(heads, name)
         if module is None:
             continue

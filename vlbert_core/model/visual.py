@@ -126,3 +126,16 @@ class FastRCNNVisualNetwork(nn.Module):
         out = features.new_zeros(batch, num_boxes, features.shape[-1])
         out[sample_idx, box_idx] = features
         return out
+
+
+def features_per_shared_image(network: FastRCNNVisualNetwork, batch, rows_per_image: int,
+                              roi_masked: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, R, appearance_dim] of a batch whose runs of `rows_per_image` consecutive rows share one image and its
+    boxes (the four VCR candidates): the network runs once per image and its features repeat over the run."""
+    step = int(rows_per_image)
+    if step < 1 or batch.batch_size % step:
+        raise ValueError(f"batch of {batch.batch_size} rows is not made of groups of {rows_per_image}")
+    masked = None if roi_masked is None else roi_masked[::step]
+    shapes = None if batch.instance_masks is None else batch.instance_masks[::step]
+    features = network(batch.images[::step], batch.boxes[::step], batch.box_valid[::step], masked, shapes)
+    return features.repeat_interleave(step, dim=0) if step > 1 else features

@@ -22,7 +22,7 @@ from .embeddings import VLBertEmbeddings
 from .encoder import VLBertEncoder, bert_encoder_key_map
 from .initialization import INIT_STD, copy_tensors, init_new_parameters
 from .inputs import IMG, TEXT
-from .visual import FastRCNNVisualNetwork
+from .visual import FastRCNNVisualNetwork, features_per_shared_image
 
 log = get_logger(__name__)
 
@@ -113,13 +113,7 @@ class VLBertModel(nn.Module):
         """
         roi_masked = batch.roi_masked if self.config.masked_roi_input == "pixels" else None
         if rows_per_image > 1:
-            if batch.batch_size % rows_per_image:
-                raise ValueError(f"batch of {batch.batch_size} rows is not made of groups of {rows_per_image}")
-            masked = None if roi_masked is None else roi_masked[::rows_per_image]
-            shapes = None if batch.instance_masks is None else batch.instance_masks[::rows_per_image]
-            features = self.visual_network(batch.images[::rows_per_image], batch.boxes[::rows_per_image],
-                                           batch.box_valid[::rows_per_image], masked, shapes)
-            return features.repeat_interleave(rows_per_image, dim=0)
+            return features_per_shared_image(self.visual_network, batch, rows_per_image, roi_masked)
         roi_features = None
         if batch.images is not None and bool(batch.has_image.any()):
             if bool(batch.has_image.all()):

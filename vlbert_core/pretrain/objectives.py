@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -186,14 +184,10 @@ class ViLBertForPretraining(nn.Module):
         self.heads = ViLBertPretrainingHeads(model.config, model.word_embeddings())
 
     def load_heads(self, directory) -> dict[str, bool]:
-        """All three heads from `directory`'s heads.safetensors, when it has one."""
-        from vlbert_core.model.heads import HEADS_FILE
-        from vlbert_core.vilbert.pretraining import HEAD_NAMES, load_vilbert_pretraining_heads
+        """The heads saved in `directory` (heads.safetensors); returns which were there."""
+        from vlbert_core.vilbert.pretraining import HEAD_NAMES
 
-        if not (Path(directory) / HEADS_FILE).is_file():
-            return {name: False for name in HEAD_NAMES}
-        load_vilbert_pretraining_heads(self.heads, directory)
-        return {name: True for name in HEAD_NAMES}
+        return load_pretraining_heads(self.heads, directory, HEAD_NAMES)
 
     def forward(self, batch: PretrainBatch, normalisers: torch.Tensor | None = None,
                 roi_features: torch.Tensor | None = None) -> dict[str, torch.Tensor]:

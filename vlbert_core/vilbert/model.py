@@ -29,7 +29,7 @@ from vlbert_core.model.bert_init import load_bert_state_dict, read_bert_config
 from vlbert_core.model.encoder import bert_encoder_key_map
 from vlbert_core.model.initialization import copy_tensors, init_new_parameters
 from vlbert_core.model.inputs import TEXT
-from vlbert_core.model.visual import FastRCNNVisualNetwork
+from vlbert_core.model.visual import FastRCNNVisualNetwork, features_per_shared_image
 from vlbert_core.model_output import EncoderOutput, HeadSpec
 from vlbert_core.model_registry import CONFIG_FILE, MODEL_FILE, load_state_exactly, read_config
 from vlbert_core.utils import atomic_path, get_logger, load_safetensors, save_safetensors
@@ -135,13 +135,7 @@ class ViLBertModel(nn.Module):
         require_images(batch, "ViLBertModel.visual_features")
         if batch.images is None:
             raise ValueError("ViLBertModel.visual_features: the batch has no images")
-        step = int(rows_per_image)
-        if step < 1 or batch.batch_size % step:
-            raise ValueError(f"batch of {batch.batch_size} rows is not made of groups of {rows_per_image}")
-        shapes = None if batch.instance_masks is None else batch.instance_masks[::step]
-        features = self.visual_network(batch.images[::step], batch.boxes[::step], batch.box_valid[::step], None,
-                                       shapes)
-        return features.repeat_interleave(step, dim=0) if step > 1 else features
+        return features_per_shared_image(self.visual_network, batch, rows_per_image)
 
     def forward_streams(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, text_mask: torch.Tensor,
                         region_features: torch.Tensor, region_locations: torch.Tensor,

@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from vlbert_core.model.bert_init import load_bert_mlm_head_state
-from vlbert_core.model.heads import HEADS_FILE, MLMHead, PredictionTransform, save_pretraining_heads
-from vlbert_core.model.initialization import INIT_STD, copy_tensors, init_new_parameters
-from vlbert_core.utils import load_safetensors
+from vlbert_core.model.heads import (HEADS_FILE, MLMHead, PredictionTransform, load_pretraining_heads,
+                                     save_pretraining_heads)
+from vlbert_core.model.initialization import INIT_STD, init_new_parameters
 
 from .config import ViLBertConfig
 
@@ -83,10 +83,8 @@ class ViLBertPretrainingHeads(nn.Module):
 def load_vilbert_pretraining_heads(heads: ViLBertPretrainingHeads, directory: str | os.PathLike) -> None:
     """Copy directory/heads.safetensors (written by save_pretraining_heads) into `heads`: every head, every key,
     shapes checked."""
-    path = Path(directory) / HEADS_FILE
-    saved = load_safetensors(path)
-    own = heads.state_dict()
-    if set(saved) != set(own):
-        raise ValueError(f"{path}: not ViLBERT's pre-training heads {HEAD_NAMES}: missing "
-                         f"{sorted(set(own) - set(saved))[:8]}, unexpected {sorted(set(saved) - set(own))[:8]}")
-    copy_tensors(heads, saved, {key: key for key in saved}, where=str(path))
+    loaded = load_pretraining_heads(heads, directory, HEAD_NAMES)
+    missing = [name for name, present in loaded.items() if not present]
+    if missing:
+        raise ValueError(f"{Path(directory) / HEADS_FILE}: not ViLBERT's pre-training heads {HEAD_NAMES}: "
+                         f"{missing} missing")
