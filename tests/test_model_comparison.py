@@ -75,6 +75,8 @@ def test_the_comparison_pairs_each_vilbert_row_with_its_vlbert_partner(tmp_path)
     assert len(values) == 2 and float(rows["none"][f"{COLUMNS[1].name}_std"]) == pytest.approx(np.std(values, ddof=1))
     markdown = csv_path.with_suffix(".md").read_text()
     assert "| ViLBERT | vilbert | yes |" in markdown and "p<0.001" in markdown and "single-stream baseline" in markdown
+    # the papers' numbers for the same evals (Tables 1–3, at their precision): VQA test-dev 70.55 for ViLBERT
+    assert "| ViLBERT (Lu et al. 2019) †, reported |" in markdown and "70.55" in markdown
 
 
 def test_the_comparison_refuses_one_seed_and_examples_that_differ(tmp_path):

@@ -26,7 +26,8 @@ from vlbert_core.stats import format_p_value, mean_std, paired_p_value
 from vlbert_core.tasks.registry import task_of_eval
 from vlbert_core.utils import get_logger
 
-from .build import ABLATION_TABLE, eval_json_path, outcome_paths, read_eval, table_specs, write_csv_and_markdown
+from .build import (ABLATION_TABLE, eval_json_path, format_number, load_reported, outcome_paths, read_eval, table_specs,
+                    write_csv_and_markdown)
 from .seeds import seed_results_dir
 
 log = get_logger(__name__)
@@ -145,6 +146,30 @@ def comparison_header() -> list[str]:
     return header
 
 
+# The paper rows of Tables 1–3 shown under the comparison: ViLBERT's reported numbers and VL-BERT BASE's
+REPORTED_MODELS = ("ViLBERT (Lu et al. 2019) †", "VL-BERT BASE w/o pre-training", "VL-BERT BASE")
+
+
+def reported_numbers() -> dict[str, dict[str, str]]:
+    """{paper model: {Table 4 column: its number in Tables 1–3, at that table's precision}}: each Table 4 column
+    matched with the Table 1–3 column that measures the same eval task and split."""
+    specs = table_specs()
+    same_eval = {}
+    for name, spec in specs.items():
+        if name == ABLATION_TABLE:
+            continue
+        for col in spec.columns:
+            if col.eval_task is not None:
+                same_eval[(name, col.name)] = (col.eval_task, col.eval_split, spec.decimals)
+    by_eval = {(col.eval_task, col.eval_split): col.name for col in specs[ABLATION_TABLE].measured_columns()}
+    numbers: dict[str, dict[str, str]] = {model: {} for model in REPORTED_MODELS}
+    for row in load_reported():
+        eval_task, split, decimals = same_eval.get((row["table"], row["column"]), (None, None, 0))
+        if row["model"] in numbers and (eval_task, split) in by_eval:
+            numbers[row["model"]][by_eval[(eval_task, split)]] = format_number(row["value"], decimals)
+    return numbers
+
+
 def comparison_markdown(rows: list[dict], dataset: str) -> str:
     spec = table_specs()[ABLATION_TABLE]
     columns = spec.measured_columns()
@@ -160,6 +185,11 @@ def comparison_markdown(rows: list[dict], dataset: str) -> str:
             p = row[f"{c.name}_p_vs_vlbert"]
             cells.append(cell if p == "" else f"{cell} ({format_p_value(p)})")
         lines.append("| " + " | ".join(cells) + " |")
+    reported = reported_numbers()
+    for model in REPORTED_MODELS:
+        cells = [f"{model}, reported", "", "", "", ""]
+        cells += [reported[model].get(c.name, "–") for c in columns]
+        lines.append("| " + " | ".join(cells) + " |")
     seeds = rows[0]["seeds"] if rows else ""
     pairs = ", ".join(f"`{b}` vs `{a}`" for a, b in COMPARISON_PAIRS)
     lines += ["", f"Measured on the **{dataset}** data, fine-tuning schedule `{spec.schedule}` (Table 4's), seeds "
@@ -168,7 +198,9 @@ def comparison_markdown(rows: list[dict], dataset: str) -> str:
               "of every seed pooled. VL-BERT's setting `c` (masked words, masked RoI classes, image-caption "
               "relationship, detector frozen) is the ViLBERT paper's single-stream baseline: VL-BERT's "
               "architecture trained with ViLBERT's objectives. Parameters: the pre-trained model with its visual "
-              "network, heads excluded."]
+              "network, heads excluded. The reported rows are the papers' numbers in Tables 1–3 of Su et al. 2020 "
+              "for the same eval (real data, full fine-tuning schedules, ViLBERT's from Lu et al. 2019): where the "
+              "two models stood in their papers, not a target for this data."]
     return "\n".join(lines) + "\n"
 
 
