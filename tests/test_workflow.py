@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 CI_CONFIG = REPO / "config" / "ci.yaml"
 TARGET = "results/tables/table4_ablation.csv"
 REPORT = "results/report/index.html"
+COMPARISON = "results/tables/model_comparison.csv"
 ALL_RULES = {"world", "partition_cc", "download_cc", "shard_text", "train_detector", "extract_rois", "pretrain",
              "finetune", "evaluate", "tables"}
 
@@ -39,7 +40,7 @@ def planned_rules(dry_run_output: str) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def ci_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("ci_run")
-    proc = snakemake(workdir, "--configfile", str(CI_CONFIG), "--cores", "2", TARGET, REPORT)
+    proc = snakemake(workdir, "--configfile", str(CI_CONFIG), "--cores", "2", TARGET, REPORT, COMPARISON)
     if proc.returncode != 0:
         logs = "\n".join(f"== {p}\n{p.read_text()[-3000:]}" for p in sorted(workdir.glob("logs/**/*.log"))[-5:])
         pytest.fail(f"workflow failed:\n{proc.stderr[-6000:]}\n{logs}")
@@ -50,11 +51,12 @@ def ci_run(tmp_path_factory):
 def test_a_finished_run_ends_with_where_the_results_are(ci_run):
     tables = [f"results/tables/{t}.{ext}" for t in ("table1_vcr", "table2_vqa", "table3_refcoco", "table4_ablation")
               for ext in ("csv", "md")]
+    tables += ["results/tables/model_comparison.csv", "results/tables/model_comparison.md"]
     lines = (ci_run.parent / "ci_run.stderr").read_text().rstrip().splitlines()
     start = lines.index(f"Results (in {ci_run}):")
-    assert [line.strip() for line in lines[start + 1:start + 10]] == [*tables, REPORT]
+    assert [line.strip() for line in lines[start + 1:start + 12]] == [*tables, REPORT]
     # only Snakemake's own two closing lines (complete log, elapsed time) come after
-    assert len(lines) - (start + 10) <= 2
+    assert len(lines) - (start + 12) <= 2
 
 
 def test_every_training_job_wrote_tensorboard_event_files(ci_run):
@@ -98,6 +100,32 @@ def test_table4_has_six_settings_and_four_measured_columns(ci_run):
             assert float(row[col]) == record["value"]
             assert int(row[f"{col}_examples"]) == record["num_examples"] > 0
             assert (ci_run / record["predictions"]).exists()
+
+
+def test_the_model_comparison_pairs_the_two_families_over_the_seeds(ci_run):
+    from vlbert_core.tables import table_specs
+    from vlbert_core.tables.seeds import seed_results_dir
+
+    with open(ci_run / COMPARISON, newline="") as f:
+        rows = {r["setting"]: r for r in csv.DictReader(f)}
+    assert [(s, r["family"]) for s, r in rows.items()] == [("none", "VL-BERT"), ("c", "VL-BERT"),
+                                                           ("vilbert_none", "ViLBERT"), ("vilbert", "ViLBERT")]
+    seeds = yaml.safe_load(CI_CONFIG.read_text())["compare"]["seeds"]
+    for setting, row in rows.items():
+        assert row["seeds"] == " ".join(map(str, seeds))
+        assert int(row["parameters"]) > 0 and (float(row["pretrain_train_s"]) > 0) == (setting in ("c", "vilbert"))
+        for col in table_specs()["table4_ablation"].measured_columns():
+            values = [float(v) for v in row[f"{col.name}_values"].split()]
+            for seed, value in zip(seeds, values):
+                root = seed_results_dir(ci_run / "results", seed, default_seed=0)  # config.yaml's seed
+                record = json.loads((root / f"eval/{col.eval_task}/{setting}/half/{col.eval_split}.json").read_text())
+                assert value == record["value"]
+            p = row[f"{col.name}_p_vs_vlbert"]
+            assert (p != "") == setting.startswith("vilbert") and (p == "" or 0.0 <= float(p) <= 1.0)
+    assert int(rows["vilbert"]["parameters"]) > int(rows["c"]["parameters"])  # a second stream and co-attention
+    vilbert_model = json.loads((ci_run / "results/pretrain/vilbert/config.json").read_text())
+    assert vilbert_model["model_type"] == "vilbert"
+    assert (ci_run / "results/tables/model_comparison.md").read_text().count("| ViLBERT |") == 2
 
 
 def test_all_four_tables_are_written(ci_run):

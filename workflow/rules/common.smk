@@ -78,6 +78,8 @@ PAPER_TABLE_SETTINGS = ["none", "full"] + ([RELEASED_SETTING] if INIT_FROM else 
 FINETUNE_SETTINGS = list(config["pretrain"]["settings"]) + (
     [RELEASED_SETTING] if INIT_FROM else []
 )
+# VL-BERT vs ViLBERT (compare.smk), not part of the default run
+COMPARISON_TABLES = [f"results/tables/model_comparison.{ext}" for ext in ("csv", "md")]
 # The settings only the model comparison fine-tunes (compare.smk): ViLBERT's
 COMPARISON_ONLY_SETTINGS = [s for s in comparison_settings() if s not in FINETUNE_SETTINGS]
 # The tasks, their datasets and eval tasks: vlbert_core/tasks/registry.py.
@@ -260,7 +262,7 @@ def table_evals(table):
 
 def print_where_results_are():
     """The last lines of a successful run: the tables and the report it has written, in the working directory."""
-    written = [path for path in [*TABLES, REPORT] if os.path.exists(path)]
+    written = [path for path in [*TABLES, *COMPARISON_TABLES, REPORT] if os.path.exists(path)]
     if written:
         listing = "\n".join(f"  {path}" for path in written)
         print(f"\nResults (in {os.getcwd()}):\n{listing}", file=sys.stderr)

@@ -10,8 +10,8 @@ rule model_comparison:
         evals=comparison_evals,  # common.smk
         pretrained=comparison_pretrained,
     output:
-        csv="results/tables/model_comparison.csv",
-        md="results/tables/model_comparison.md",
+        csv=COMPARISON_TABLES[0],
+        md=COMPARISON_TABLES[1],
     log:
         "logs/model_comparison.log",
     benchmark:
