@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from .base import PaperTable, TableColumn, Task
 from .custom import CustomClassificationTask, CustomSpec
 from .refcoco import RefcocoTask
+from .retrieval import RetrievalTask
 from .vcr import VcrQ2ATask, VcrQA2RTask
 from .vqa import VqaTask
 
@@ -188,5 +189,5 @@ def check_finetune_config(finetune: Mapping[str, Any], sources: Mapping[str, Any
             raise ValueError(f"config sources: task {cls.name} needs sources.{cls.dataset}")
 
 
-for _builtin in (VcrQ2ATask, VcrQA2RTask, VqaTask, RefcocoTask):
+for _builtin in (VcrQ2ATask, VcrQA2RTask, VqaTask, RefcocoTask, RetrievalTask):
     register(_builtin)

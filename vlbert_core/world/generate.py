@@ -17,6 +17,7 @@ from vlbert_core.progress import Progress
 
 from ..utils import get_logger
 from . import formats
+from .flickr import write_flickr30k
 from .language import (
     WorldStats,
     book_sentence,
@@ -478,6 +479,8 @@ def generate_world(cfg: dict, sources: dict, out_root: Path, seed: int,
     world.vcr()
     world.refcoco()
     world.detector()
+    if "flickr30k" in sources:  # optional: caption-based image retrieval (vlbert_core/world/flickr.py)
+        world.counts["flickr30k"] = write_flickr30k(world, cfg.get("flickr_images"), sources["flickr30k"], py_rng)
     summary = {
         "seed": int(seed),
         "image_size": world.size,

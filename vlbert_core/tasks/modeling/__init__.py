@@ -13,9 +13,11 @@ Every head is built from the model's `HeadSpec` and takes its `EncoderOutput` an
 - `refcoco.RefCOCOHead`: each box's visual state -> MLP -> one binary score per RoI.
 - `custom.ClsClassifierHead`: the pooled vector -> Dropout -> Linear -> one logit per label of a
   `tasks.custom` entry; cross-entropy.
+- `retrieval.PairScoreHead`: the pooled vector -> Dropout -> Linear -> one matching score per (caption, image)
+  row; ViLBERT's 4-way softmax over each caption's candidates (`retrieval.four_way_loss`).
 - `common`: where a head reads its vector, and the head layouts.
 """
 
 # every task's module: the fine-tune code imports this package, so that its code fingerprint
 # covers the samples and heads the task modules reach through `tasks.base.model_side`
-from . import custom, refcoco, vcr, vqa  # noqa: F401,E402
+from . import custom, refcoco, retrieval, vcr, vqa  # noqa: F401,E402
