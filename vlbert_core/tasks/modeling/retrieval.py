@@ -145,7 +145,7 @@ class RetrievalTrainData:
                  rois_source: str, tokens: Tokens, images_loader: ImageLoader, max_rois: int, max_text_len: int,
                  max_examples: int | None = None):
         self.pairs = RetrievalPairData(captions, images, rois=rois, rois_source=rois_source, tokens=tokens,
-                                images_loader=images_loader, max_rois=max_rois, max_text_len=max_text_len)
+                                       images_loader=images_loader, max_rois=max_rois, max_text_len=max_text_len)
         self.hard_negatives = int(hard_negatives)
         position = {image_id: j for j, (image_id, _, _) in enumerate(self.pairs.images)}
         self.own_image = []
