@@ -29,7 +29,8 @@ from vlbert_core.data import status as st
 from vlbert_core.data.cc import download_cc_shard
 from vlbert_core.data.partition import partition_cc_tsv, read_shard_rows
 
-RESIZE = {"max_side": 48, "mode": "keep_ratio", "max_pixels": 4_000_000}
+RESIZE = {"max_side": 48, "mode": "keep_ratio"}
+MAX_IMAGE_PIXELS = 4_000_000  # the config's top-level max_image_pixels, lowered for /bomb.png
 DOWNLOAD = {"timeout_s": 0.5, "deadline_s": 1.0, "retries": 1, "threads": 4, "max_bytes": 2_000_000, "backoff_s": 0.01}
 # 8 MB of zeros in about 8 kB of gzip: under max_bytes on the wire, four times over it decoded.
 GZIP_BOMB = gzip.compress(bytes(8_000_000), compresslevel=9)
@@ -61,7 +62,7 @@ def served_files() -> dict[str, bytes]:
         "/rotated.jpg": exif_rotated_jpeg(),
         "/truncated.jpg": rgb[: len(rgb) // 2],
         "/random.bin": random.Random(0).randbytes(5000),
-        # 3000x3000 pixels in a few kB: over RESIZE's max_pixels before a single pixel is decoded.
+        # 3000x3000 pixels in a few kB: over MAX_IMAGE_PIXELS before a single pixel is decoded.
         "/bomb.png": encode(Image.new("L", (3000, 3000), 0), "PNG"),
         "/page.html": b"<!doctype html><html><body>This photo has moved</body></html>",
         "/empty.jpg": b"",
@@ -182,7 +183,8 @@ def cases(base: str) -> list[tuple[bytes, str, str | None]]:
         (row("a web page", "/page.html"), st.NOT_AN_IMAGE, "<!doctype html>"),
         (row("half a jpeg", "/truncated.jpg"), st.DECODE_ERROR, None),
         (row("random bytes", "/random.bin"), st.NOT_AN_IMAGE, None),
-        (row("a decompression bomb", "/bomb.png"), st.TOO_LARGE, "decompression bomb"),
+        (row("a decompression bomb", "/bomb.png"), st.TOO_LARGE,
+         "is 3000x3000 = 9,000,000 pixels, over the cap of 4,000,000"),
         (row("a cmyk photo", "/cmyk.jpg"), st.OK, None),
         (row("a transparent png", "/alpha.png"), st.OK, None),
         (row("a gif", "/anim.gif"), st.OK, None),
@@ -205,7 +207,8 @@ def run_split(tmp_path: Path, tsv: Path, shard_rows: int, run: str) -> list[Path
     for shard in range(summary["num_shards"]):
         out = tmp_path / run / f"train-{shard:05d}"
         stats = download_cc_shard(
-            rows_parquet, "train", shard, RESIZE, DOWNLOAD, f"{out}.tar", f"{out}.parquet", f"{out}.stats.json"
+            rows_parquet, "train", shard, RESIZE, DOWNLOAD, f"{out}.tar", f"{out}.parquet", f"{out}.stats.json",
+            max_image_pixels=MAX_IMAGE_PIXELS,
         )
         assert stats["rows_in"] == stats["ok"] + stats["failed"]
         assert sum(stats["counts"].values()) == stats["rows_in"]

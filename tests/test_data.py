@@ -155,7 +155,7 @@ def test_non_images_truncated_images_and_bombs_are_rejected():
     with pytest.raises(ImageRejected) as err:
         resize_image(jpeg[: len(jpeg) // 2], 64)
     assert err.value.status == st.DECODE_ERROR
-    with pytest.raises(ImageRejected, match="decompression bomb") as err:
+    with pytest.raises(ImageRejected, match="is 100x100 = 10,000 pixels, over the cap of 5,000") as err:
         resize_image(image_bytes((100, 100)), 64, max_pixels=5_000)
     assert err.value.status == st.TOO_LARGE
 

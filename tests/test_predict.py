@@ -260,6 +260,34 @@ def test_image_urls_are_fetched_with_the_downloader(world, runs):  # noqa: F811
         thread.join(timeout=10)
 
 
+def test_a_query_image_over_the_pixel_cap_is_refused_from_its_header(world, runs, tmp_path):  # noqa: F811
+    """The one pixel cap (vlbert_core/images.py): the config's max_image_pixels, or the argument."""
+    import time
+
+    from test_image_caps import bomb_png
+
+    from vlbert_core.images import ImageTooLarge
+
+    root, sources = world
+    out, _ = runs
+    bomb = tmp_path / "huge.png"
+    bomb.write_bytes(bomb_png(12_000, 12_000))
+    predictor = Predictor(out / "vqa", detector=out / "detector.pt", select=SELECT)
+    started = time.perf_counter()
+    with pytest.raises(ImageTooLarge, match=f"image {bomb} is 12000x12000 = 144,000,000 pixels, over the cap of "
+                                            "89,478,485 pixels \\(config key max_image_pixels\\)"):
+        predictor.predict([{"image": str(bomb), "text": "Is it a dog?"}])
+    assert time.perf_counter() - started < 1.0
+    image = str(sorted(Path(sources["vqa"]["images"].format(split="val")).iterdir())[0])  # 48x40
+    detector = out / "detector.pt"
+    for capped in (Predictor(out / "vqa", detector=detector, select=SELECT, config={"max_image_pixels": 1000}),
+                   Predictor(out / "vqa", detector=detector, select=SELECT, max_image_pixels=1000)):
+        with pytest.raises(ImageTooLarge, match=f"image {image} is 48x40 = 1,920 pixels, over the cap of 1,000"):
+            capped.predict([{"image": image, "text": "Is it a dog?"}])
+    assert Predictor(out / "vqa", detector=out / "detector.pt", select=SELECT,
+                     max_image_pixels=1920).predict([{"image": image, "text": "Is it a dog?"}])
+
+
 def test_bad_input_is_an_error_naming_it(world, runs, tmp_path):  # noqa: F811
     root, sources = world
     out, _ = runs

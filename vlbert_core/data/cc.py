@@ -19,12 +19,13 @@ from vlbert_core.data.partition import read_shard_rows
 from vlbert_core.data.reader import CCRow
 from vlbert_core.data.resizer import ImageRejected, ResizedImage, resize_image
 from vlbert_core.data.writer import TarShardWriter, cc_key, encode_json
+from vlbert_core.images import DEFAULT_MAX_PIXELS, MAX_PIXELS_KEY, checked_max_pixels
 from vlbert_core.utils import get_logger
 
 log = get_logger(__name__)
 
 RESIZE_REQUIRED = ("max_side", "mode")
-RESIZE_OPTIONAL = ("max_pixels", "quality")
+RESIZE_OPTIONAL = ("quality",)  # the pixel cap is the top-level max_image_pixels (vlbert_core/images.py)
 DOWNLOAD_REQUIRED = ("timeout_s", "retries", "threads", "max_bytes")
 DOWNLOAD_OPTIONAL = ("backoff_s", "max_backoff_s", "max_redirects", "deadline_s", "user_agent", "allow_file_urls")
 _MAX_LOGGED_FAILURES = 10  # per shard at WARNING; the parquet has them all
@@ -84,8 +85,13 @@ def download_cc_shard(
     out_tar: str | os.PathLike,
     out_parquet: str | os.PathLike,
     out_stats: str | os.PathLike,
+    *,
+    max_image_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> dict[str, Any]:
     """Download, resize and write the rows of `shard` (from partition_cc_tsv's parquet); return the stats.
+
+    An image over `max_image_pixels` (the config's top-level cap) is refused from its header: its row gets
+    status too_large.
 
     Writes `out_tar` (samples KEY.jpg / KEY.txt / KEY.json, KEY = f"{split}-{row:09d}", in row
     order), `out_parquet` (one row per TSV row of the shard: row, key, url, caption, status,
@@ -94,7 +100,11 @@ def download_cc_shard(
     """
     if not re.fullmatch(r"[A-Za-z0-9_]+", split):
         raise ValueError(f"split name {split!r} must be letters, digits or '_' (it becomes part of sample keys)")
+    if "max_pixels" in resize:
+        raise ValueError(f"config cc.resize.max_pixels is now the top-level {MAX_PIXELS_KEY}, one cap for every "
+                         f"image the pipeline opens: move it there")
     resize_options = _checked_options(resize, RESIZE_REQUIRED, RESIZE_OPTIONAL, "cc.resize")
+    resize_options["max_pixels"] = checked_max_pixels(max_image_pixels)
     downloader = make_downloader(download)
 
     part = read_shard_rows(rows_parquet, shard)
@@ -117,7 +127,7 @@ def download_cc_shard(
         if fetched.status != st.OK:
             return _RowOutcome(row, fetched.status, fetched.error, None)
         try:
-            image = resize_image(fetched.data, **resize_options)
+            image = resize_image(fetched.data, **resize_options, name=row.url)
         except ImageRejected as err:
             return _RowOutcome(row, err.status, str(err), None)
         return _RowOutcome(row, st.OK, "", image)

@@ -15,12 +15,12 @@ import io
 import math
 from typing import NamedTuple
 
-from PIL import ExifTags, Image, UnidentifiedImageError
+from PIL import ExifTags, Image
 
 from vlbert_core.data import status as st
+from vlbert_core.images import DEFAULT_MAX_PIXELS, ImageTooLarge, ImageUnreadable, NotAnImage, open_image
 
 MODES = ("keep_ratio", "center_crop")
-DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own Image.MAX_IMAGE_PIXELS default (about 0.25 GB of RGBA)
 DEFAULT_JPEG_QUALITY = 95
 _WHITE = (255, 255, 255)
 _EXIF_TRANSPOSE = {
@@ -113,39 +113,31 @@ def resize_image(
     *,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     quality: int = DEFAULT_JPEG_QUALITY,
+    name: str | None = None,
 ) -> ResizedImage:
     """Decode `data`, make it upright RGB, fit it to `max_side` and return it as JPEG bytes.
 
     mode: keep_ratio fits the longer side to max_side; center_crop takes the central square
     first. Neither upscales. Raises ImageRejected (status not_an_image, decode_error or
-    too_large) for bytes that cannot become a sample; images over max_pixels are refused from
-    their header, before any pixel is decoded.
+    too_large) for bytes that cannot become a sample; images over max_pixels (the config's
+    max_image_pixels) are refused from their header, before any pixel is decoded
+    (vlbert_core.images.open_image). `name` is what the messages call the image (its URL;
+    default: its byte count).
     """
     if mode not in MODES:
         raise ValueError(f"resize mode must be one of {MODES}, got {mode!r}")
     if max_side < 1:
         raise ValueError(f"resize max_side must be >= 1, got {max_side}")
-    if not data:
-        raise ImageRejected(st.NOT_AN_IMAGE, "empty body")
     try:
-        # Pillow itself warns above Image.MAX_IMAGE_PIXELS and raises above twice that; such an
-        # image is over our cap too (unless max_pixels is raised past Pillow's) and is refused below.
-        image = Image.open(io.BytesIO(data))
-    except UnidentifiedImageError:
-        preview = data[:40].decode("latin-1").replace("\n", " ")
-        raise ImageRejected(st.NOT_AN_IMAGE, f"not a recognised image format (starts with {preview!r})") from None
-    except Image.DecompressionBombError as err:
-        raise ImageRejected(st.TOO_LARGE, f"decompression bomb: {err}") from None
-    except Exception as err:  # Pillow's format plugins raise many types (struct.error, IndexError...) on junk
-        raise ImageRejected(st.DECODE_ERROR, f"cannot read image header: {type(err).__name__}: {err}") from None
+        image = open_image(data, max_pixels=max_pixels, name=name)  # the cap, from the header only
+    except ImageTooLarge as err:
+        raise ImageRejected(st.TOO_LARGE, str(err)) from None
+    except NotAnImage as err:
+        raise ImageRejected(st.NOT_AN_IMAGE, str(err)) from None
+    except ImageUnreadable as err:
+        raise ImageRejected(st.DECODE_ERROR, str(err)) from None
     with image:
         width, height = image.size
-        if width < 1 or height < 1:
-            raise ImageRejected(st.DECODE_ERROR, f"image has no pixels ({width}x{height})")
-        if width * height > max_pixels:
-            raise ImageRejected(
-                st.TOO_LARGE, f"decompression bomb guard: {width}x{height} = {width * height} pixels > {max_pixels}"
-            )
         # A JPEG much larger than the output is decoded at 1/2, 1/4 or 1/8 scale by libjpeg (DCT
         # scaling), which is several times cheaper than decoding every pixel and resampling them
         # all. draft() picks the largest reduction that stays >= the requested size in both axes,
@@ -161,11 +153,12 @@ def resize_image(
             # With Pillow's default LOAD_TRUNCATED_IMAGES=False a truncated file fails here
             # instead of coming out grey at the bottom.
             image.load()
-        except Image.DecompressionBombError as err:
-            raise ImageRejected(st.TOO_LARGE, f"decompression bomb: {err}") from None
+        except Image.DecompressionBombError as err:  # a GIF frame or TIFF tile larger than the header says
+            raise ImageRejected(st.TOO_LARGE, f"image {name or '(downloaded bytes)'}: {err}") from None
         except Exception as err:  # corrupt data surfaces as arbitrary exception types from the decoders
             raise ImageRejected(
-                st.DECODE_ERROR, f"cannot decode {image.format} image: {type(err).__name__}: {err}"
+                st.DECODE_ERROR,
+                f"image {name or '(downloaded bytes)'} cannot be decoded: {image.format}: {type(err).__name__}: {err}",
             ) from None
         # What ImageOps.exif_transpose does, without the full copy it makes of an image that needs no turn.
         orientation = _exif_orientation(image)

@@ -65,6 +65,7 @@ import numpy as np
 import torch
 from vlbert_core.progress import Progress
 
+from ..images import DEFAULT_MAX_PIXELS
 from ..rois import (
     STATUS_BAD_TSV_ROW,
     STATUS_MISSING_IN_TSV,
@@ -300,13 +301,15 @@ def import_bottom_up_rois(
     *,
     image_id_of: Callable[[str], str],
     metadata: Mapping[str, Any] | None = None,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> dict[str, int]:
     """Write the RoI parquet of `samples` ((key, image bytes or path), in order) from a bottom-up TSV.
 
     `image_id_of` maps a sample key to its TSV image_id (`cc_image_id`, `coco_image_id`). The
     detector supplies the class space and, when the TSV has no cls_prob, the class scores. Uses
-    rois_cfg min_boxes, max_boxes, batch_size and num_workers (image decoding). The module
-    docstring has the rules. Returns counts {'rows', 'ok', 'failed'}.
+    rois_cfg min_boxes, max_boxes, batch_size and num_workers (image decoding). An image over
+    `max_pixels` (the config's max_image_pixels) is a decode_error row. The module docstring has the
+    rules. Returns counts {'rows', 'ok', 'failed'}.
     """
     tsv_path = Path(tsv_path)
     samples = list(samples)
@@ -333,8 +336,9 @@ def import_bottom_up_rois(
     info = {"source": "bottom_up_tsv", "tsv": str(tsv_path), "class_scores": class_score_source,
             **(metadata or {})}
     with RoIParquetWriter(out_parquet, num_classes, info) as writer, open(tsv_path, "rb") as handle:
-        progress = Progress(decoded_batches(samples, batch_size, int(rois_cfg.get("num_workers", 0))),
-                        total=math.ceil(len(samples) / batch_size), desc="import rois", unit="batch")
+        progress = Progress(decoded_batches(samples, batch_size, int(rois_cfg.get("num_workers", 0)),
+                                            max_pixels=max_pixels),
+                            total=math.ceil(len(samples) / batch_size), desc="import rois", unit="batch")
         for batch in progress:
             # rows in sample order: a failure (status, error) or a _PendingRow awaiting class scores
             rows: list[tuple[str, str, str] | _PendingRow] = []
@@ -423,11 +427,12 @@ def _usable_row(key: str, image: torch.Tensor, image_id: str, handle, index: Tsv
 def import_rois_with_detector(tsv_path: str | os.PathLike, model_path: str | os.PathLike,
                               samples: Iterable[tuple[str, bytes | str | os.PathLike]], out_parquet: str | os.PathLike,
                               rois_cfg: Mapping[str, Any], *, image_id_of: Callable[[str], str],
-                              device: str = "cpu") -> dict[str, int]:
+                              device: str = "cpu", max_image_pixels: int = DEFAULT_MAX_PIXELS) -> dict[str, int]:
     """Load the detector checkpoint and import the RoIs of `samples` from a bottom-up TSV."""
 
     model, _ = load_detector(model_path, map_location=device)
     return import_bottom_up_rois(tsv_path, samples, out_parquet, rois_cfg, model.to(device), image_id_of=image_id_of,
                                  metadata={"detector": str(model_path),
                                            "bounds": {"min_boxes": int(rois_cfg["min_boxes"]),
-                                                      "max_boxes": int(rois_cfg["max_boxes"])}})
+                                                      "max_boxes": int(rois_cfg["max_boxes"])}},
+                                 max_pixels=max_image_pixels)

@@ -19,6 +19,7 @@ from torchvision.ops import boxes as box_ops
 from vlbert_core.progress import Progress
 from webdataset.tariterators import base_plus_ext
 
+from ..images import DEFAULT_MAX_PIXELS, checked_max_pixels
 from ..rois import STATUS_DECODE_ERROR, STATUS_MISSING_FILE, STATUS_OK, RoIParquetWriter
 from ..utils import get_logger
 from .faster_rcnn import clip_boxes_legacy, uses_legacy_boxes
@@ -149,8 +150,9 @@ def classify_boxes(model: torch.nn.Module, images: Sequence[torch.Tensor],
 
 
 class _DecodeDataset(Dataset):
-    def __init__(self, samples: list[tuple[str, Any]]):
+    def __init__(self, samples: list[tuple[str, Any]], max_pixels: int = DEFAULT_MAX_PIXELS):
         self.samples = samples
+        self.max_pixels = checked_max_pixels(max_pixels)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -158,10 +160,12 @@ class _DecodeDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[str, torch.Tensor | None, str, str]:
         key, source = self.samples[index]
         try:
-            return key, decode_image(source), STATUS_OK, ""
+            # bytes (a CC shard's image) are named by their sample key, files by their path
+            name = f"{key!r}" if isinstance(source, (bytes, bytearray, memoryview)) else None
+            return key, decode_image(source, max_pixels=self.max_pixels, name=name), STATUS_OK, ""
         except FileNotFoundError as exc:
             return key, None, STATUS_MISSING_FILE, f"{type(exc).__name__}: {exc}"
-        except Exception as exc:  # noqa: BLE001 - any decoder failure is this row's error, not the job's
+        except Exception as exc:  # noqa: BLE001 - any decoder failure (ImageTooLarge too) is this row's error
             return key, None, STATUS_DECODE_ERROR, f"{type(exc).__name__}: {exc}"
 
 
@@ -177,13 +181,16 @@ def extract_rois_to_parquet(
     select_kwargs: Mapping[str, Any],
     num_workers: int = 0,
     metadata: Mapping[str, Any] | None = None,
+    *,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> dict[str, int]:
     """Detect RoIs for every (key, image bytes or path) sample and write one parquet row per sample.
 
     Images are decoded in a DataLoader (worker processes when num_workers > 0). An image that
     cannot be read becomes a row with status 'decode_error' (or 'missing_file') and its error; the
-    others go on. `metadata` goes into the file's `vlbert_rois` metadata (with source 'detector').
-    Returns counts {'rows', 'ok', 'failed'}.
+    others go on. So does one over `max_pixels` (the config's max_image_pixels), refused from its header
+    (error "ImageTooLarge: ..."). `metadata` goes into the file's `vlbert_rois` metadata (with source
+    'detector'). Returns counts {'rows', 'ok', 'failed'}.
     """
     samples = list(samples)
     _check_unique_keys(samples, out_parquet)
@@ -191,8 +198,8 @@ def extract_rois_to_parquet(
     batch_size = max(1, int(batch_size))
     box_counts = []
     with RoIParquetWriter(out_parquet, num_classes, {"source": "detector", **(metadata or {})}) as writer:
-        progress = Progress(decoded_batches(samples, batch_size, num_workers), total=math.ceil(len(samples) / batch_size),
-                        desc="rois", unit="batch")
+        progress = Progress(decoded_batches(samples, batch_size, num_workers, max_pixels=max_pixels),
+                            total=math.ceil(len(samples) / batch_size), desc="rois", unit="batch")
         for batch in progress:
             decoded = [img for _, img, status, _ in batch if status == STATUS_OK]
             selections = iter(detect_rois(model, [to_unit_float(img) for img in decoded], select_kwargs))
@@ -224,11 +231,11 @@ def _check_unique_keys(samples: Sequence[tuple[str, Any]], out_parquet: str | os
         seen.add(key)
 
 
-def decoded_batches(samples: Sequence[tuple[str, Any]], batch_size: int,
-                    num_workers: int = 0) -> Iterator[list[tuple[str, torch.Tensor | None, str, str]]]:
+def decoded_batches(samples: Sequence[tuple[str, Any]], batch_size: int, num_workers: int = 0, *,
+                    max_pixels: int = DEFAULT_MAX_PIXELS) -> Iterator[list[tuple[str, torch.Tensor | None, str, str]]]:
     """Batches of (key, [3, H, W] uint8 image or None, status, error), in sample order, decoded in a
-    DataLoader (in worker processes when num_workers > 0)."""
-    yield from DataLoader(_DecodeDataset(list(samples)), batch_size=max(1, int(batch_size)), shuffle=False,
+    DataLoader (in worker processes when num_workers > 0); images over `max_pixels` are decode_error rows."""
+    yield from DataLoader(_DecodeDataset(list(samples), max_pixels), batch_size=max(1, int(batch_size)), shuffle=False,
                           num_workers=int(num_workers), collate_fn=_collate)
 
 
@@ -255,8 +262,9 @@ def read_cc_shard(tar_path: str | os.PathLike) -> Iterator[tuple[str, bytes]]:
 
 def extract_rois_with_detector(model_path: str | os.PathLike, samples: Iterable[tuple[str, bytes | str | os.PathLike]],
                                out_parquet: str | os.PathLike, rois_cfg: Mapping[str, Any],
-                               device: str = "cpu") -> dict[str, int]:
-    """Load the detector checkpoint and write the RoI parquet of `samples` with the config's `rois:` rule."""
+                               device: str = "cpu", *, max_image_pixels: int = DEFAULT_MAX_PIXELS) -> dict[str, int]:
+    """Load the detector checkpoint and write the RoI parquet of `samples` with the config's `rois:` rule;
+    an image over `max_image_pixels` (the config's top-level key) is a decode_error row."""
     model, _ = load_detector(model_path, map_location=device)
     return extract_rois_to_parquet(
         model.to(device),
@@ -266,4 +274,5 @@ def extract_rois_with_detector(model_path: str | os.PathLike, samples: Iterable[
         select_kwargs=selection_kwargs(rois_cfg),
         num_workers=int(rois_cfg.get("num_workers", 0)),
         metadata={"detector": str(model_path), "selection": selection_kwargs(rois_cfg)},
+        max_pixels=max_image_pixels,
     )

@@ -13,6 +13,7 @@ import torch
 from torchvision.models.detection import FasterRCNN
 from vlbert_core.progress import Progress
 
+from ..images import DEFAULT_MAX_PIXELS, ImageError
 from ..optim import OptimizerSettings, build_optimizer, build_scheduler, detectron_step_decay
 from ..utils import atomic_path, get_logger, seed_everything
 from .images import decode_image
@@ -45,8 +46,9 @@ class CocoSplit(NamedTuple):
 
 
 def load_coco_split(annotations_path: str | os.PathLike, images_dir: str | os.PathLike,
-                    categories: list[dict] | None = None) -> CocoSplit:
-    """Read a COCO instances file and its images.
+                    categories: list[dict] | None = None, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> CocoSplit:
+    """Read a COCO instances file and its images (each at most `max_pixels`, the config's max_image_pixels:
+    a larger one raises ImageTooLarge naming it and the file, from its header).
 
     Categories are mapped to detector labels 1..K in ascending category-id order (0 is
     background). Pass the training split's categories when reading another split: they must
@@ -106,7 +108,9 @@ def load_coco_split(annotations_path: str | os.PathLike, images_dir: str | os.Pa
     for image_id, img in Progress(images_by_id.items(), desc=f"load {path.name}", unit="img"):
         file_path = images_dir / img["file_name"]
         try:
-            pixels = decode_image(file_path)
+            pixels = decode_image(file_path, max_pixels=max_pixels, name=f"{file_path} (image {image_id} of {path})")
+        except ImageError:
+            raise  # its message names the image file and the annotations file
         except Exception as exc:
             raise ValueError(f"{path}: image {image_id} ({file_path}) cannot be read: {exc}") from exc
         if tuple(pixels.shape[-2:]) != (img["height"], img["width"]):
@@ -210,6 +214,8 @@ def train_detector(
     out_model: str | os.PathLike,
     out_metrics: str | os.PathLike,
     seed: int,
+    *,
+    max_image_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> dict:
     """Train on the train split, report AP@0.5 on val, write the model (torch.save) and metrics JSON.
 
@@ -219,6 +225,7 @@ def train_detector(
     SGD with momentum 0.9 and horizontal-flip augmentation. With cfg['attribute_loss_weight'] > 0 the
     annotations must carry attributes (load_coco_split): the detector gets bottom-up attention's attribute
     head (num_attributes = the vocabulary's size), trained with them, its val attribute recall reported.
+    Every image is at most `max_image_pixels` (the config's top-level key), checked from its header.
     """
     seed_everything(seed)
     train_cfg = dict(cfg["train"])
@@ -228,8 +235,10 @@ def train_detector(
     decay_at = tuple(float(f) for f in train_cfg.get("decay_at", DEFAULT_DECAY_AT))
     clip_grad = float(train_cfg.get("clip_grad", 10.0))
 
-    categories, train_data, attribute_names = load_coco_split(annotations_train, images_dir)
-    _, val_data, val_attribute_names = load_coco_split(annotations_val, images_dir, categories)
+    categories, train_data, attribute_names = load_coco_split(annotations_train, images_dir,
+                                                              max_pixels=max_image_pixels)
+    _, val_data, val_attribute_names = load_coco_split(annotations_val, images_dir, categories,
+                                                       max_pixels=max_image_pixels)
     if not train_data:
         raise ValueError(f"{annotations_train}: no training images")
     num_classes = len(categories)

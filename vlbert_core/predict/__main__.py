@@ -18,7 +18,8 @@
 --image and --text repeat (pairs in order; one of them given once goes with every other);
 --queries FILE takes one JSON query per line ({"image", "text", ...}, docs/predict.md).
 Images are paths or http(s) URLs (fetched with the config's cc.download settings, or a custom
-task's tasks.custom.<name>.download).
+task's tasks.custom.<name>.download). An image over the config's max_image_pixels (width x height;
+default 89,478,485) is refused from its header, before it is decoded.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from vlbert_core.utils import atomic_path
 
-from .api import PredictError, Predictor
+from .api import PredictError, Predictor, check_image_sizes, image_cap
 
 DEFAULT_CONFIG = Path("config/config.yaml")
 
@@ -159,7 +160,10 @@ def main(argv: list[str] | None = None) -> dict:
     queries = flag_queries(args)   # the cheap checks of what was asked come before loading the model
     if args.queries:
         queries += file_queries(args.queries)
-    predictor = Predictor(args.model, task=args.task, detector=args.detector, config=config, device=args.device)
+    max_image_pixels = image_cap(config)   # the config's max_image_pixels
+    check_image_sizes([q["image"] for q in queries if isinstance(q.get("image"), str)], max_image_pixels)
+    predictor = Predictor(args.model, task=args.task, detector=args.detector, config=config, device=args.device,
+                          max_image_pixels=max_image_pixels)
     if args.annotations:
         queries += predictor.queries_from_file(args.annotations, key=args.id, images_dir=args.images_dir)
     if not queries:

@@ -44,6 +44,31 @@ def read_model_task(model_dir: str | os.PathLike) -> str:
         raise PredictError(f"{config_path} is not a fine-tuned model's config (needs task.name): {err!r}") from None
 
 
+def image_cap(config: Mapping[str, Any] | None, max_image_pixels: int | None = None) -> int:
+    """The pixel cap of query images: `max_image_pixels` when given, else the config's top-level
+    `max_image_pixels`, else vlbert_core.images.DEFAULT_MAX_PIXELS."""
+    from vlbert_core.images import DEFAULT_MAX_PIXELS, MAX_PIXELS_KEY, checked_max_pixels
+
+    if max_image_pixels is None:
+        max_image_pixels = (config or {}).get(MAX_PIXELS_KEY, DEFAULT_MAX_PIXELS)
+    return checked_max_pixels(max_image_pixels)
+
+
+def check_image_sizes(images: Sequence[str], max_pixels: int) -> None:
+    """The pixel cap on the query images that are local files, from their headers only (ImageTooLarge): the
+    command line runs it before it loads the model. Missing files and URLs are left to `Predictor.predict`."""
+    from vlbert_core.images import ImageTooLarge, open_image
+
+    for source in dict.fromkeys(images):
+        if "://" not in source and Path(source).is_file():
+            try:
+                open_image(source, max_pixels=max_pixels, name=source).close()
+            except ImageTooLarge:
+                raise
+            except (ValueError, OSError):
+                pass  # any other fault of the image is Predictor.predict's to report, as for every query
+
+
 class Predictor:
     """A fine-tuned model (and the detector when its task reads detected RoIs), ready for queries.
 
@@ -52,14 +77,20 @@ class Predictor:
     config, which registers its own tasks (`tasks.custom.<name>`) and gives `select` and
     `download` unless they are passed; select: its `rois:` section (score_threshold, min_boxes,
     max_boxes, nms_iou); download: the downloader settings for image URLs (its `cc.download`
-    section, or the task's own: `Task.query_download`), named `download_key` in errors.
+    section, or the task's own: `Task.query_download`), named `download_key` in errors;
+    max_image_pixels: the cap on a query image's width x height (default: the config's
+    `max_image_pixels`, else vlbert_core.images.DEFAULT_MAX_PIXELS): a larger image raises
+    `vlbert_core.images.ImageTooLarge` naming it, from its header, before it is decoded.
     """
 
     def __init__(self, model_dir: str | os.PathLike, *, task: str | None = None,
                  detector: str | os.PathLike | None = None, select: Mapping[str, Any] | None = None,
                  download: Mapping[str, Any] | None = None, download_key: str = "cc.download",
-                 config: Mapping[str, Any] | None = None, device: str = "cpu"):
+                 config: Mapping[str, Any] | None = None, device: str = "cpu",
+                 max_image_pixels: int | None = None):
         from vlbert_core.tasks.registry import get_task, register_config_tasks, task_names
+
+        self.max_image_pixels = image_cap(config, max_image_pixels)
 
         self.model_dir = Path(model_dir)
         name = read_model_task(self.model_dir)
@@ -94,7 +125,8 @@ class Predictor:
         self.model.to(device)
         config = self.model.encoder.config
         self.tokens = Tokens(load_tokenizer(config.bert_path))
-        self.images = ImageLoader.from_settings(self.meta, visual_pixel_format(config))
+        self.images = ImageLoader.from_settings(self.meta, visual_pixel_format(config),
+                                                max_pixels=self.max_image_pixels)
 
     # ---- images ----------------------------------------------------------------------------------
 
@@ -116,6 +148,7 @@ class Predictor:
         """(local path, decoded [3, H, W] uint8 image) of an image path or URL."""
         from vlbert_core.data.downloader import HTTP_SCHEMES
         from vlbert_core.detector.images import decode_image
+        from vlbert_core.images import ImageTooLarge
 
         scheme = source.split("://", 1)[0].lower() if "://" in source else ""
         if scheme in HTTP_SCHEMES or scheme == "file":
@@ -125,7 +158,9 @@ class Predictor:
             if not path.is_file():
                 raise PredictError(f"image {source} does not exist")
         try:
-            return path, decode_image(path)
+            return path, decode_image(path, max_pixels=self.max_image_pixels, name=source)
+        except ImageTooLarge:
+            raise  # the one error of the pixel cap, everywhere; it names the image and the config key
         except Exception as err:  # noqa: BLE001 - whatever the decoder says, the file is not an image we can read
             raise PredictError(f"image {source} cannot be read as an image: {type(err).__name__}: {err}") from None
 
@@ -208,18 +243,21 @@ class Predictor:
             for query, answer, out_path in zip(resolved, answers, draw or ()):
                 if "box" not in answer:
                     raise PredictError(f"task {self.task.name} answers no box to draw")
-                draw_box(query["image_path"], answer["box"], out_path, label=f"{answer.get('score', '')}")
+                draw_box(query["image_path"], answer["box"], out_path, label=f"{answer.get('score', '')}",
+                         max_pixels=self.max_image_pixels)
                 answer["drawn"] = str(out_path)
         return [{"image": q["image"], "text": q.get("text"), **a} for q, a in zip(queries, answers)]
 
 
 def draw_box(image: str | os.PathLike, box: Sequence[float], out: str | os.PathLike, *,
-             label: str | None = None) -> Path:
-    """A PNG of the image with the box (x1, y1, x2, y2 in its pixels) drawn on it, written atomically."""
-    from PIL import Image, ImageDraw
+             label: str | None = None, max_pixels: int | None = None) -> Path:
+    """A PNG of the image with the box (x1, y1, x2, y2 in its pixels) drawn on it, written atomically;
+    an image over `max_pixels` (default DEFAULT_MAX_PIXELS) raises ImageTooLarge before it is decoded."""
+    from PIL import ImageDraw
 
-    with Image.open(image) as raw:
-        canvas = raw.convert("RGB")
+    from vlbert_core.images import DEFAULT_MAX_PIXELS, load_rgb
+
+    canvas = load_rgb(image, max_pixels=DEFAULT_MAX_PIXELS if max_pixels is None else max_pixels)
     draw = ImageDraw.Draw(canvas)
     width = max(1, round(max(canvas.size) / 150))
     draw.rectangle([float(v) for v in box], outline=(255, 32, 32), width=width)

@@ -18,7 +18,6 @@ Held-out captions: the first `held_out_per_shard` samples of every CC shard neve
 
 from __future__ import annotations
 
-import io
 import os
 import random
 from collections import Counter
@@ -29,10 +28,10 @@ from typing import Iterator
 import numpy as np
 import torch
 import webdataset as wds
-from PIL import Image
 
 from vlbert_core.model import VLBertBatch, build_input_sequence, collate_samples, image_to_tensor
 from vlbert_core.detector.pixels import DEFAULT_PIXEL_FORMAT
+from vlbert_core.images import DEFAULT_MAX_PIXELS, load_rgb
 from vlbert_core.model.batch import fit_image
 from vlbert_core.model.inputs import IGNORE_INDEX, boxes_with_whole_image
 from vlbert_core.rois import RoIRecord, read_rois
@@ -118,6 +117,7 @@ class StreamConfig:
     pixel_format: str = DEFAULT_PIXEL_FORMAT   # what the visual network's weights expect (detector/pixels.py)
     text_only_layout: str = "bert"  # how a <Text, ∅> sample is laid out (VLBertConfig.text_only_layout)
     image_min_side: int | None = None  # the released SCALES[0] (model/batch.py fitted_size)
+    max_image_pixels: int = DEFAULT_MAX_PIXELS  # the config's cap on an image's pixels (vlbert_core/images.py)
 
 
 def _stream_shards(shards: list, stream: int, num_streams: int, what: str) -> list:
@@ -154,17 +154,15 @@ def _epoch_pipeline(urls: list[str], seed: int, stream: int, source: int, epoch:
 
 
 def decode_cc_sample(raw: dict, rois: RoIRecord, image_max_side: int, max_rois: int,
-                     pixel_format: str = DEFAULT_PIXEL_FORMAT, image_min_side: int | None = None) -> dict:
+                     pixel_format: str = DEFAULT_PIXEL_FORMAT, image_min_side: int | None = None, *,
+                     max_pixels: int = DEFAULT_MAX_PIXELS) -> dict:
     """The caption, the image (fitted to image_max_side / image_min_side, normalised as `pixel_format`) and its
     boxes (box 0 = whole image) with their class scores (a zero row for box 0), from one raw CC sample and its
-    RoI row."""
+    RoI row. An image over `max_pixels` (the config's max_image_pixels; the shards the pipeline writes are far
+    smaller) raises ImageTooLarge, one that does not decode ImageUnreadable, each naming the shard and sample."""
     image_field = next(ext for ext in IMAGE_EXTENSIONS if ext in raw)
-    try:
-        with Image.open(io.BytesIO(raw[image_field])) as decoded:
-            img = decoded.convert("RGB")
-    except OSError as exc:
-        raise ValueError(f"CC shard {raw.get('__url__')} sample {raw.get('__key__')!r}: image does not decode: "
-                         f"{exc}") from exc
+    img = load_rgb(raw[image_field], max_pixels=max_pixels,
+                   name=f"{raw.get('__key__')!r} of CC shard {raw.get('__url__')}")
     original = img.size
     img, _ = fit_image(img, image_max_side, image_min_side)
     width, height = img.size
@@ -193,7 +191,7 @@ def read_cc_samples(shard_pairs: list[tuple[str, str]], first: int, stop: int, c
             rois = entries.get(raw.get("__key__"))
             if position >= first and rois is not None and _has_image_and_caption(raw):
                 samples.append(decode_cc_sample(raw, rois, cfg.image_max_side, cfg.max_rois, cfg.pixel_format,
-                                                cfg.image_min_side))
+                                                cfg.image_min_side, max_pixels=cfg.max_image_pixels))
     return samples
 
 
@@ -283,7 +281,7 @@ class CaptionImageStream:
             self.skipped[f"roi_{failures[key]}" if key in failures else "no_roi_row"] += 1
             return None
         decoded = decode_cc_sample(raw, rois, self.cfg.image_max_side, self.cfg.max_rois,
-                                   self.cfg.pixel_format, self.cfg.image_min_side)
+                                   self.cfg.pixel_format, self.cfg.image_min_side, max_pixels=self.cfg.max_image_pixels)
         caption, boxes = decoded["caption"], decoded["boxes"]
         rng = sample_rng(self.cfg.seed, self.cfg.stream, _SOURCE_CC, self.epoch, index)
 

@@ -16,10 +16,9 @@ import urllib.parse
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from PIL import Image
-
 from vlbert_core.data import make_downloader
 from vlbert_core.data import status as download_status
+from vlbert_core.images import DEFAULT_MAX_PIXELS, ImageError, checked_max_pixels, load_rgb
 from vlbert_core.utils import atomic_path, get_logger, read_jsonl
 
 from .custom import (BAD_ROW, FIELDS, MISSING_IMAGE, OK, UNKNOWN_LABEL, UNREADABLE_IMAGE, URL_SCHEMES, CustomSpec,
@@ -58,12 +57,14 @@ def _is_url(image: str) -> bool:
     return urllib.parse.urlsplit(image).scheme.lower() in URL_SCHEMES
 
 
-def _decodable(path: Path) -> str:
-    """'' when the file decodes as an image, else why not."""
+def _decodable(path: Path, max_pixels: int) -> str:
+    """'' when the file decodes as an image of at most `max_pixels` pixels, else why not (an image over the cap
+    is refused from its header, before it is decoded)."""
     try:
-        with Image.open(path) as img:
-            img.convert("RGB")
-    except (OSError, ValueError, Image.DecompressionBombError) as err:
+        load_rgb(path, max_pixels=max_pixels)
+    except ImageError as err:  # the message names the file
+        return str(err)
+    except OSError as err:
         return f"cannot decode {path}: {err}"
     return ""
 
@@ -71,8 +72,10 @@ def _decodable(path: Path) -> str:
 class _ImageResolver:
     """Local image paths of the rows: paths as they are, URLs fetched once into `download_dir`."""
 
-    def __init__(self, download_dir: Path, download: Mapping[str, Any], download_key: str):
+    def __init__(self, download_dir: Path, download: Mapping[str, Any], download_key: str,
+                 max_pixels: int = DEFAULT_MAX_PIXELS):
         self.download_dir = download_dir
+        self.max_pixels = checked_max_pixels(max_pixels)
         self.download = dict(download)
         self.download_key = download_key  # the config key of `download`, named by its errors
         self._downloader = None
@@ -91,7 +94,7 @@ class _ImageResolver:
             path = Path(image) if Path(image).is_absolute() else base / image
             if not path.is_file():
                 return None, MISSING_IMAGE, f"no such file: {path}"
-        reason = _decodable(path)
+        reason = _decodable(path, self.max_pixels)
         return (str(path), OK, "") if not reason else (str(path), UNREADABLE_IMAGE, reason)
 
     def _fetch(self, url: str) -> tuple[str | None, str, str]:
@@ -136,14 +139,16 @@ def _check_split(spec: CustomSpec, split: str, resolver: _ImageResolver, labels:
     return checked
 
 
-def check_rows(spec: CustomSpec, out_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+def check_rows(spec: CustomSpec, out_dir: str | os.PathLike | None = None, *,
+               max_image_pixels: int = DEFAULT_MAX_PIXELS) -> dict[str, Any]:
     """Check both splits, write `<split>.rows.jsonl` and `labels.json` into `out_dir` (default
     results/custom/<name>) and return the summary (labels, status counts per split).
 
-    Downloaded images go to `<out_dir>/images/`. Raises when a split has no usable row.
+    Downloaded images go to `<out_dir>/images/`. Raises when a split has no usable row. An image over
+    `max_image_pixels` (the config's top-level key) makes its row unreadable_image, with the reason.
     """
     out_dir = Path(out_dir or spec.results_dir)
-    resolver = _ImageResolver(out_dir / "images", spec.download, spec.download_key)
+    resolver = _ImageResolver(out_dir / "images", spec.download, spec.download_key, max_image_pixels)
     try:
         train = _check_split(spec, "train", resolver, spec.labels)
         labels = list(spec.labels) if spec.labels else list(dict.fromkeys(r["label"] for r in train if r["status"] == OK))

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import torch
 from vlbert_core.progress import Progress
 
+from vlbert_core.images import DEFAULT_MAX_PIXELS
 from vlbert_core.model import load_tokenizer
 from vlbert_core.model.config import visual_pixel_format
 from vlbert_core.utils import atomic_path, get_logger, seed_everything
@@ -46,8 +47,10 @@ def _write_json(path: Path, payload: Any) -> None:
 
 def predict_splits(model_dir: str | os.PathLike, targets: list[tuple[str, str]], *,
                    sources: Mapping[str, str], model_cfg: Mapping[str, Any],
-                   rois_paths: list[str] | tuple = (), seed: int = 0, device: str = "cpu") -> dict:
-    """Predictions of the fine-tuned model on every (eval task, split) target.
+                   rois_paths: list[str] | tuple = (), seed: int = 0, device: str = "cpu",
+                   max_image_pixels: int = DEFAULT_MAX_PIXELS) -> dict:
+    """Predictions of the fine-tuned model on every (eval task, split) target; `max_image_pixels` (the config's
+    top-level key) caps the images read, as in `finetune`.
 
     Returns {"<eval task>/<split>": rows}; the rows carry no labels, so the metrics
     (`vlbert_core.tasks.scoring`) read the ground truth from the official files themselves.
@@ -64,7 +67,8 @@ def predict_splits(model_dir: str | os.PathLike, targets: list[tuple[str, str]],
             raise ValueError(f"eval task {eval_task} needs a {owner.name} "
                              f"model; {model_dir} was fine-tuned on {meta['name']}")
     tokens = Tokens(load_tokenizer(model.encoder.config.bert_path))
-    images = ImageLoader.from_settings(model_cfg, visual_pixel_format(model.encoder.config))
+    images = ImageLoader.from_settings(model_cfg, visual_pixel_format(model.encoder.config),
+                                       max_pixels=max_image_pixels)
     rois, rois_source = read_task_rois(list(rois_paths))
     batch_size = int(meta["batch_size"])
     task = model.task

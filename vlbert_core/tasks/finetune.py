@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from vlbert_core.progress import Progress
 
+from vlbert_core.images import DEFAULT_MAX_PIXELS
 from vlbert_core.model import load_tokenizer
 from vlbert_core.model.config import visual_pixel_format
 from vlbert_core.model_output import EncoderOutput
@@ -287,8 +288,12 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
              setting: str, schedule: str, schedule_factor: float, hparams: Mapping[str, Any],
              tune_frcnn: bool, model_cfg: Mapping[str, Any], sources: Mapping[str, str],
              rois_paths: list[str] | tuple = (), seed: int = 0, device: str = "cpu",
-             sentence_readout: str = "cls", stop_after_step: int | None = None) -> dict:
+             sentence_readout: str = "cls", stop_after_step: int | None = None,
+             max_image_pixels: int = DEFAULT_MAX_PIXELS) -> dict:
     """Fine-tune the pre-trained model in `pretrained_dir` on `task`; returns the task meta.
+
+    `max_image_pixels` (the config's top-level key) caps the task images: a larger one fails the job with
+    `vlbert_core.images.ImageTooLarge` naming it, read from its header before it is decoded.
 
     `stop_after_step` ends the run right after that step's checkpoint without writing the outputs, as an
     interruption would (used to test resuming)."""
@@ -317,7 +322,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
     del pretrained
 
     tokens = Tokens(load_tokenizer(config.bert_path))
-    images = ImageLoader.from_settings(model_cfg, visual_pixel_format(config))
+    images = ImageLoader.from_settings(model_cfg, visual_pixel_format(config), max_pixels=max_image_pixels)
     rois, rois_source = read_task_rois(list(rois_paths))
     max_rois, max_text_len = int(model_cfg["max_rois"]), int(hp["max_text_len"])
     meta: dict[str, Any] = {"name": task, "setting": setting, "schedule": schedule,

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from vlbert_core.detector.pixels import DEFAULT_PIXEL_FORMAT
+from vlbert_core.images import DEFAULT_MAX_PIXELS, checked_max_pixels
 from vlbert_core.model.batch import image_to_tensor
 from vlbert_core.model.inputs import (
     InputSequence,
@@ -31,25 +32,28 @@ log = get_logger(__name__)
 
 
 class ImageLoader:
-    """Decoded, resized and normalised task images, cached (several questions share an image)."""
+    """Decoded, resized and normalised task images, cached (several questions share an image). An image over
+    `max_pixels` (the config's max_image_pixels) raises `vlbert_core.images.ImageTooLarge` naming it."""
 
     def __init__(self, max_side: int, cache_size: int = 512, pixel_format: str = DEFAULT_PIXEL_FORMAT,
-                 min_side: int | None = None):
+                 min_side: int | None = None, max_pixels: int = DEFAULT_MAX_PIXELS):
         self.max_side = int(max_side)
         self.min_side = None if min_side is None else int(min_side)
         self.pixel_format = pixel_format
+        self.max_pixels = checked_max_pixels(max_pixels)
         self._load = functools.lru_cache(maxsize=cache_size)(self._load_uncached)
 
     @classmethod
-    def from_settings(cls, settings, pixel_format: str = DEFAULT_PIXEL_FORMAT) -> "ImageLoader":
+    def from_settings(cls, settings, pixel_format: str = DEFAULT_PIXEL_FORMAT, *,
+                      max_pixels: int = DEFAULT_MAX_PIXELS) -> "ImageLoader":
         """The loader of a config's `model:` section or a fine-tuned model's meta: its `image_max_side` and
-        (released sizing) `image_min_side`."""
+        (released sizing) `image_min_side`; `max_pixels` is the config's top-level max_image_pixels."""
         min_side = settings.get("image_min_side")
         return cls(int(settings["image_max_side"]), pixel_format=pixel_format,
-                   min_side=None if min_side is None else int(min_side))
+                   min_side=None if min_side is None else int(min_side), max_pixels=max_pixels)
 
     def _load_uncached(self, path: str) -> tuple[torch.Tensor, tuple[float, float], int, int]:
-        img, scale, (orig_w, orig_h) = load_task_image(path, self.max_side, self.min_side)
+        img, scale, (orig_w, orig_h) = load_task_image(path, self.max_side, self.min_side, max_pixels=self.max_pixels)
         return image_to_tensor(img, self.pixel_format), scale, orig_w, orig_h
 
     def __call__(self, path: str | os.PathLike) -> tuple[torch.Tensor, tuple[float, float], int, int]:
