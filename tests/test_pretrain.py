@@ -240,7 +240,7 @@ class _SeesPixels(torch.nn.Module):
 
     def forward(self, batch, roi_features):
         sees = (roi_features.abs().flatten(1).sum(1) > 0).float()         # [N]
-        return SimpleNamespace(sequence_output=sees[:, None, None].expand(-1, batch.input_ids.shape[1], 1))
+        return SimpleNamespace(text_states=sees[:, None, None].expand(-1, batch.input_ids.shape[1], 1))
 
 
 class _RedIfSeen(torch.nn.Module):

@@ -87,6 +87,9 @@ class Task:
     # table) and its columns of Table 4, the ablation
     paper_table: ClassVar[PaperTable | None] = None
     ablation_columns: ClassVar[tuple[TableColumn, ...]] = ()
+    # its columns of the model comparison (results/tables/model_comparison.csv, VL-BERT vs ViLBERT at Table 4's
+    # schedule); None: its ablation columns
+    comparison_columns: ClassVar[tuple[TableColumn, ...] | None] = None
     # the paired test of the tables' `_p_vs_none` columns (vlbert_core.stats): the fields that name an
     # example in a scored predictions row, the row's per-example outcome, and the test that fits it
     example_key: ClassVar[tuple[str, ...]] = ()

@@ -169,6 +169,12 @@ def ablation_columns() -> list[TableColumn]:
     return [col for cls in _TASKS.values() for col in cls.ablation_columns]
 
 
+def comparison_columns() -> list[TableColumn]:
+    """The registered tasks' columns of the model comparison (VL-BERT vs ViLBERT), in registration order."""
+    return [col for cls in _TASKS.values()
+            for col in (cls.ablation_columns if cls.comparison_columns is None else cls.comparison_columns)]
+
+
 FINETUNE_OPTIONS = ("schedules", "tune_frcnn", "sentence_readout")  # the keys of `finetune:` that are not tasks
 
 

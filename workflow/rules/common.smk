@@ -85,6 +85,8 @@ COMPARISON_ONLY_SETTINGS = [s for s in comparison_settings() if s not in FINETUN
 # The tasks, their datasets and eval tasks: vlbert_core/tasks/registry.py.
 FINETUNE_TASKS = task_names()
 EVAL_TASKS = eval_task_names()
+# The held-out splits the registered tasks are evaluated on (rule evaluate)
+EVAL_SPLITS = sorted({split for task in FINETUNE_TASKS for split in get_task(task).eval_splits})
 # Eval tasks scored from other eval tasks' predictions (rule derive_eval).
 DERIVED_EVAL_TASKS = derived_eval_task_names()
 

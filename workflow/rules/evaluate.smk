@@ -18,7 +18,7 @@ rule evaluate:
     benchmark:
         "benchmarks/rules/evaluate/{eval_task}/{setting}/{schedule}/{split}.tsv"
     wildcard_constraints:
-        split="val|testA|testB",
+        split="|".join(EVAL_SPLITS),
     conda:
         CONDA_ENV
     threads: 1
