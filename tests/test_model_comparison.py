@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 from test_workflow import CI_CONFIG, planned_rules, snakemake
 
-from vlbert_core.tables import table_specs
-from vlbert_core.tables.comparison import comparison_settings, count_parameters, write_comparison_table
+from vlbert_core.tables.comparison import (comparison_settings, count_parameters, write_comparison_table,
+                                           zero_shot_settings)
+from vlbert_core.tables.retrieval import write_retrieval_table, zero_shot_eval_path
 from vlbert_core.tables.seeds import seed_results_dir
-from vlbert_core.tasks.registry import task_of_eval
+from vlbert_core.tasks.registry import comparison_columns, task_of_eval
 
 SEEDS = [0, 1]
-COLUMNS = table_specs()["table4_ablation"].measured_columns()
+COLUMNS = comparison_columns()
 EXAMPLES = 40
 
 
@@ -50,8 +51,14 @@ def make_comparison_run(results: Path) -> None:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 value = 100.0 * sum(r[task.outcome_field] for r in rows) / EXAMPLES
                 path.write_text(json.dumps({"task": col.eval_task, "value": value, "split": col.eval_split,
-                                            "num_examples": EXAMPLES, "predictions": "p"}))
+                                            "num_examples": EXAMPLES, "predictions": "p",
+                                            "recall_at_5": value + 10, "recall_at_10": value + 20}))
                 path.with_suffix(".predictions.json").write_text(json.dumps(rows))
+            if setting in zero_shot_settings():
+                path = zero_shot_eval_path(root, setting)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps({"value": 5.0 + seed, "recall_at_5": 15.0, "recall_at_10": 25.0 + seed,
+                                            "split": "test", "num_examples": EXAMPLES, "predictions": "p"}))
 
 
 def test_the_comparison_pairs_each_vilbert_row_with_its_vlbert_partner(tmp_path):
@@ -79,6 +86,25 @@ def test_the_comparison_pairs_each_vilbert_row_with_its_vlbert_partner(tmp_path)
     assert "| ViLBERT (Lu et al. 2019) †, reported |" in markdown and "70.55" in markdown
 
 
+def test_the_retrieval_table_has_fine_tuned_and_zero_shot_recalls_beside_the_vilbert_paper(tmp_path):
+    results = tmp_path / "results"
+    make_comparison_run(results)
+    assert zero_shot_settings() == ["c", "vilbert"]  # the settings that train an image-caption head
+    csv_path = write_retrieval_table(results, results / "tables", SEEDS, 0, "synthetic")
+    with open(csv_path, newline="", encoding="utf-8") as f:
+        rows = {r["setting"]: r for r in csv.DictReader(f)}
+    assert list(rows) == comparison_settings()
+    r1 = [c for c in COLUMNS if c.eval_task == "retrieval"][0]
+    fine_tuned = [json.loads((seed_results_dir(results, seed, 0) / "eval" / "retrieval" / "vilbert" / "half" /
+                              f"{r1.eval_split}.json").read_text()) for seed in SEEDS]
+    assert float(rows["vilbert"]["finetuned_r1_mean"]) == pytest.approx(np.mean([f["value"] for f in fine_tuned]))
+    assert float(rows["vilbert"]["finetuned_r10_mean"]) == pytest.approx(np.mean([f["recall_at_10"] for f in fine_tuned]))
+    assert float(rows["c"]["zero_shot_r1_mean"]) == 5.5 and float(rows["c"]["zero_shot_r10_std"]) > 0
+    assert rows["none"]["zero_shot_r1_mean"] == "" and rows["vilbert_none"]["zero_shot_r5_mean"] == ""
+    markdown = csv_path.with_suffix(".md").read_text()
+    assert "| ViLBERT (Lu et al. 2019), zero-shot, reported |  | – | – | – | 31.86 | 61.12 | 72.80 |" in markdown
+
+
 def test_the_comparison_refuses_one_seed_and_examples_that_differ(tmp_path):
     results = tmp_path / "results"
     make_comparison_run(results)
@@ -104,7 +130,8 @@ def test_the_comparison_target_plans_both_families_over_the_seeds(tmp_path):
     jobs = planned_rules(proc.stdout)
     seeds = 2  # config/ci.yaml compare.seeds
     assert jobs["pretrain"] == 4 and jobs["pretrain_seed"] == 4 * (seeds - 1)
-    tasks = 4  # VCR Q->A, QA->R, VQA, RefCOCO+
+    tasks = 5  # VCR Q->A, QA->R, VQA, RefCOCO+, retrieval
     assert jobs["finetune"] == 4 * tasks and jobs["finetune_seed"] == 4 * tasks * (seeds - 1)
+    assert jobs["zero_shot_retrieval"] == 2 and jobs["zero_shot_retrieval_seed"] == 2 * (seeds - 1)
     assert jobs["model_comparison"] == 1
     assert "results/pretrain/vilbert/model.safetensors" in proc.stdout

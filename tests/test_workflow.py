@@ -51,12 +51,12 @@ def ci_run(tmp_path_factory):
 def test_a_finished_run_ends_with_where_the_results_are(ci_run):
     tables = [f"results/tables/{t}.{ext}" for t in ("table1_vcr", "table2_vqa", "table3_refcoco", "table4_ablation")
               for ext in ("csv", "md")]
-    tables += ["results/tables/model_comparison.csv", "results/tables/model_comparison.md"]
+    tables += [f"results/tables/{t}.{ext}" for t in ("model_comparison", "retrieval") for ext in ("csv", "md")]
     lines = (ci_run.parent / "ci_run.stderr").read_text().rstrip().splitlines()
     start = lines.index(f"Results (in {ci_run}):")
-    assert [line.strip() for line in lines[start + 1:start + 12]] == [*tables, REPORT]
+    assert [line.strip() for line in lines[start + 1:start + 14]] == [*tables, REPORT]
     # only Snakemake's own two closing lines (complete log, elapsed time) come after
-    assert len(lines) - (start + 12) <= 2
+    assert len(lines) - (start + 14) <= 2
 
 
 def test_every_training_job_wrote_tensorboard_event_files(ci_run):
@@ -103,8 +103,8 @@ def test_table4_has_six_settings_and_four_measured_columns(ci_run):
 
 
 def test_the_model_comparison_pairs_the_two_families_over_the_seeds(ci_run):
-    from vlbert_core.tables import table_specs
     from vlbert_core.tables.seeds import seed_results_dir
+    from vlbert_core.tasks.registry import comparison_columns
 
     with open(ci_run / COMPARISON, newline="") as f:
         rows = {r["setting"]: r for r in csv.DictReader(f)}
@@ -114,7 +114,7 @@ def test_the_model_comparison_pairs_the_two_families_over_the_seeds(ci_run):
     for setting, row in rows.items():
         assert row["seeds"] == " ".join(map(str, seeds))
         assert int(row["parameters"]) > 0 and (float(row["pretrain_train_s"]) > 0) == (setting in ("c", "vilbert"))
-        for col in table_specs()["table4_ablation"].measured_columns():
+        for col in comparison_columns():
             values = [float(v) for v in row[f"{col.name}_values"].split()]
             for seed, value in zip(seeds, values):
                 root = seed_results_dir(ci_run / "results", seed, default_seed=0)  # config.yaml's seed
@@ -126,6 +126,16 @@ def test_the_model_comparison_pairs_the_two_families_over_the_seeds(ci_run):
     vilbert_model = json.loads((ci_run / "results/pretrain/vilbert/config.json").read_text())
     assert vilbert_model["model_type"] == "vilbert"
     assert (ci_run / "results/tables/model_comparison.md").read_text().count("| ViLBERT |") == 2
+    # retrieval: R@1/5/10 fine-tuned for every setting, zero-shot from the image-caption heads of c and vilbert
+    with open(ci_run / "results/tables/retrieval.csv", newline="") as f:
+        retrieval = {r["setting"]: r for r in csv.DictReader(f)}
+    assert list(retrieval) == list(rows)
+    for setting, row in retrieval.items():
+        assert 0.0 <= float(row["finetuned_r1_mean"]) <= float(row["finetuned_r10_mean"]) <= 100.0
+        assert (row["zero_shot_r1_mean"] != "") == (setting in ("c", "vilbert"))
+    zero_shot = json.loads((ci_run / "results/zero_shot/retrieval/vilbert/test.json").read_text())
+    assert zero_shot["schedule"] == "zero_shot" and zero_shot["value"] == float(
+        retrieval["vilbert"]["zero_shot_r1_values"].split()[0])
 
 
 def test_all_four_tables_are_written(ci_run):

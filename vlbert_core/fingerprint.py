@@ -40,9 +40,12 @@ def task_modules() -> dict[str, tuple[str, ...]]:
 
 def task_family(task: str) -> str:
     """The family of a fine-tune or eval task name: the dataset of the registered task it belongs to
-    (vcr_q2a, vcr_qa2r, vcr_q2ar -> vcr)."""
-    from vlbert_core.tasks.registry import task_of_name
+    (vcr_q2a, vcr_qa2r, vcr_q2ar -> vcr); a task dataset's name is its own family (flickr30k, whose task is
+    retrieval: the RoI extraction of a dataset)."""
+    from vlbert_core.tasks.registry import task_datasets, task_names, task_of_name
 
+    if task not in task_names() and task in task_datasets():
+        return task
     return task_of_name(task).dataset
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from vlbert_core.pretrain.settings import COMPARISON_PAIRS, get_setting
 from vlbert_core.stats import format_p_value, mean_std, paired_p_value
-from vlbert_core.tasks.registry import task_of_eval
+from vlbert_core.tasks.registry import comparison_columns, task_of_eval
 from vlbert_core.utils import get_logger
 
 from .build import (ABLATION_TABLE, eval_json_path, format_number, load_reported, outcome_paths, read_eval, table_specs,
@@ -54,14 +54,27 @@ def check_comparison_seeds(seeds: list[int]) -> None:
 
 
 def comparison_eval_paths(results_dir: str | Path, seeds: list[int], default_seed: int) -> list[Path]:
-    """Every eval JSON the comparison reads: each seed x setting x Table 4 column."""
-    spec = table_specs()[ABLATION_TABLE]
-    return [eval_json_path(seed_results_dir(results_dir, seed, default_seed), task, setting, spec.schedule, split)
-            for seed in seeds for setting in comparison_settings() for task, split in spec.eval_targets()]
+    """Every eval JSON the comparison reads and the predictions files of its paired tests: each seed x setting x
+    column, at Table 4's schedule."""
+    schedule = table_specs()[ABLATION_TABLE].schedule
+    paths = []
+    for seed in seeds:
+        root = seed_results_dir(results_dir, seed, default_seed)
+        for setting in comparison_settings():
+            for col in comparison_columns():
+                paths.append(eval_json_path(root, col.eval_task, setting, schedule, col.eval_split))
+                paths += outcome_paths(root, col.eval_task, setting, schedule, col.eval_split)
+    return list(dict.fromkeys(paths))
 
 
 def pretrain_dir(results_dir: str | Path, seed: int, default_seed: int, setting: str) -> Path:
     return seed_results_dir(results_dir, seed, default_seed) / "pretrain" / setting
+
+
+def zero_shot_settings() -> list[str]:
+    """The comparison's settings whose pre-training trains an image-caption alignment head (VL-BERT's
+    relationship head, ViLBERT's alignment head): those that retrieve zero-shot."""
+    return [s for s in comparison_settings() if get_setting(s).relationship]
 
 
 def comparison_pretrain_paths(results_dir: str | Path, seeds: list[int], default_seed: int) -> list[Path]:
@@ -118,7 +131,7 @@ def comparison_rows(results_dir: str | Path, seeds: list[int], default_seed: int
         row = {"setting": setting, "family": FAMILY_NAMES[family], "pre_trained": get_setting(setting).trains,
                "parameters": count_parameters(dirs[0] / "model.safetensors"),
                "pretrain_train_s": round(sum(seconds) / len(seconds), 1), "seeds": " ".join(map(str, seeds))}
-        for col in spec.measured_columns():
+        for col in comparison_columns():
             values = [float(read_eval(eval_json_path(seed_results_dir(results_dir, seed, default_seed), col.eval_task,
                                                      setting, spec.schedule, col.eval_split))["value"])
                       for seed in seeds]
@@ -141,7 +154,7 @@ def comparison_rows(results_dir: str | Path, seeds: list[int], default_seed: int
 
 def comparison_header() -> list[str]:
     header = ["setting", "family", "pre_trained", "parameters", "pretrain_train_s", "seeds"]
-    for col in table_specs()[ABLATION_TABLE].measured_columns():
+    for col in comparison_columns():
         header += [f"{col.name}_{part}" for part in ("mean", "std", "values", "p_vs_vlbert")]
     return header
 
@@ -161,7 +174,7 @@ def reported_numbers() -> dict[str, dict[str, str]]:
         for col in spec.columns:
             if col.eval_task is not None:
                 same_eval[(name, col.name)] = (col.eval_task, col.eval_split, spec.decimals)
-    by_eval = {(col.eval_task, col.eval_split): col.name for col in specs[ABLATION_TABLE].measured_columns()}
+    by_eval = {(col.eval_task, col.eval_split): col.name for col in comparison_columns()}
     numbers: dict[str, dict[str, str]] = {model: {} for model in REPORTED_MODELS}
     for row in load_reported():
         eval_task, split, decimals = same_eval.get((row["table"], row["column"]), (None, None, 0))
@@ -172,7 +185,7 @@ def reported_numbers() -> dict[str, dict[str, str]]:
 
 def comparison_markdown(rows: list[dict], dataset: str) -> str:
     spec = table_specs()[ABLATION_TABLE]
-    columns = spec.measured_columns()
+    columns = comparison_columns()
     header = ["model", "setting", "pre-trained", "parameters (M)", "pre-training steps (s)",
               *[f"{c.title} (mean ± std)" for c in columns]]
     lines = ["# VL-BERT vs ViLBERT: same data, RoIs, schedule and seeds (%)", "",

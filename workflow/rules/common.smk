@@ -14,6 +14,7 @@ from vlbert_core.pretrain.settings import RELEASED_SETTING, get_setting
 from vlbert_core.tables import table_specs
 from vlbert_core.tables.build import outcome_paths
 from vlbert_core.tables.seeds import check_seeds, seed_eval_paths
+from vlbert_core.tables.retrieval import retrieval_eval_paths
 from vlbert_core.tables.comparison import (
     check_comparison_seeds,
     comparison_eval_paths,
@@ -79,7 +80,11 @@ FINETUNE_SETTINGS = list(config["pretrain"]["settings"]) + (
     [RELEASED_SETTING] if INIT_FROM else []
 )
 # VL-BERT vs ViLBERT (compare.smk), not part of the default run
-COMPARISON_TABLES = [f"results/tables/model_comparison.{ext}" for ext in ("csv", "md")]
+COMPARISON_TABLES = [
+    f"results/tables/{name}.{ext}"
+    for name in ("model_comparison", "retrieval")
+    for ext in ("csv", "md")
+]
 # The settings only the model comparison fine-tunes (compare.smk): ViLBERT's
 COMPARISON_ONLY_SETTINGS = [s for s in comparison_settings() if s not in FINETUNE_SETTINGS]
 # The tasks, their datasets and eval tasks: vlbert_core/tasks/registry.py.
@@ -407,6 +412,12 @@ def comparison_evals(wildcards):
     check_comparison_seeds(config["compare"]["seeds"])
     args = ("results", config["compare"]["seeds"], config["seed"])
     return [str(path) for path in comparison_eval_paths(*args)]
+
+
+def retrieval_evals(wildcards):
+    """The retrieval table's eval JSONs: fine-tuned for every comparison setting, zero-shot for those with a head."""
+    args = ("results", config["compare"]["seeds"], config["seed"])
+    return [str(path) for path in retrieval_eval_paths(*args)]
 
 
 def comparison_pretrained(wildcards):

@@ -128,7 +128,7 @@ if DETECTED_TASK_DATASETS:
             "benchmarks/rules/extract_rois/{dataset}/{split}.tsv"
         wildcard_constraints:
             dataset="|".join(DETECTED_TASK_DATASETS),
-            split="train|val|testA|testB",
+            split="|".join(["train", *EVAL_SPLITS]),
         conda:
             CONDA_ENV
         threads: 1
@@ -162,7 +162,7 @@ if IMPORTED_TASK_DATASETS:
             "benchmarks/rules/import_rois/{dataset}/{split}.tsv"
         wildcard_constraints:
             dataset="|".join(IMPORTED_TASK_DATASETS),
-            split="train|val|testA|testB",
+            split="|".join(["train", *EVAL_SPLITS]),
         conda:
             CONDA_ENV
         threads: 1
