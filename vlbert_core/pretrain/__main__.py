@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> dict:
     return pretrain(setting=args.setting, cc_shards=args.cc_shards, roi_parquets=args.roi_parquets,
                     text_shards=args.text_shards, detector_path=args.detector, model_cfg=dict(config["model"]),
                     pretrain_cfg=pretrain_cfg, out_dir=str(args.out), seed=int(config["seed"]),
-                    device=args.device or str(config.get("device", "cpu")), init_from=args.init_from)
+                    device=args.device or str(config.get("device", "cpu")), init_from=args.init_from,
+                    **({"max_image_pixels": int(config["max_image_pixels"])} if "max_image_pixels" in config else {}))
 
 
 if __name__ == "__main__":

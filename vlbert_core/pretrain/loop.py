@@ -30,6 +30,7 @@ from vlbert_core.model import VLBertConfig, VLBertModel, build_input_sequence, c
 from vlbert_core.model.bert_init import read_bert_config
 from vlbert_core.model.config import RELEASED_OPTION_KEYS, bert_fields_from_hf_config, visual_pixel_format
 from vlbert_core.model.heads import save_pretraining_heads
+from vlbert_core.images import DEFAULT_MAX_PIXELS
 from vlbert_core.model_registry import from_pretrained, model_class
 from vlbert_core.vilbert.config import ViLBertConfig
 from vlbert_core.optim import OptimizerSettings, build_optimizer, build_scheduler, warmup_linear_decay
@@ -250,8 +251,10 @@ def start_from_model(init_from: str | os.PathLike, spec: PretrainSetting) -> VLB
 
 def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: list, detector_path: str,
              model_cfg: dict, pretrain_cfg: dict, out_dir: str, seed: int, device: str, *,
-             stop_after_step: int | None = None, init_from: str | None = None) -> dict:
-    """Pre-train VL-BERT for one Table 4 setting; writes out_dir/{model.safetensors, heads.safetensors,
+             stop_after_step: int | None = None, init_from: str | None = None,
+             max_image_pixels: int = DEFAULT_MAX_PIXELS) -> dict:
+    """Pre-train the model of one setting (vlbert_core/pretrain/settings.py); `max_image_pixels`: the config's cap
+    on a CC image's pixels (vlbert_core/images.py); writes out_dir/{model.safetensors, heads.safetensors,
     config.json, metrics.jsonl, visual_clue.json}.
 
     `init_from`: a model directory (ours, or a released VL-BERT converted with `python -m vlbert_core.convert
@@ -288,7 +291,8 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
                               pixel_format=visual_pixel_format(config),
                               text_only_layout=getattr(config, "text_only_layout", "bert"),  # ViLBERT: no text-only rows
                               image_min_side=None if model_cfg.get("image_min_side") is None
-                              else int(model_cfg["image_min_side"]))
+                              else int(model_cfg["image_min_side"]),
+                              max_image_pixels=int(max_image_pixels))
 
     if getattr(config, "standardise_appearance", False) and init_from is None:   # a given model keeps its own statistics
         boxes = measure_appearance_statistics(model, cc_shards, roi_parquets, tokenizer, stream_cfg, dev)

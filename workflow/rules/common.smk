@@ -86,12 +86,16 @@ COMPARISON_TABLES = [
     for ext in ("csv", "md")
 ]
 # The settings only the model comparison fine-tunes (compare.smk): ViLBERT's
-COMPARISON_ONLY_SETTINGS = [s for s in comparison_settings() if s not in FINETUNE_SETTINGS]
+COMPARISON_ONLY_SETTINGS = [
+    s for s in comparison_settings() if s not in FINETUNE_SETTINGS
+]
 # The tasks, their datasets and eval tasks: vlbert_core/tasks/registry.py.
 FINETUNE_TASKS = task_names()
 EVAL_TASKS = eval_task_names()
 # The held-out splits the registered tasks are evaluated on (rule evaluate)
-EVAL_SPLITS = sorted({split for task in FINETUNE_TASKS for split in get_task(task).eval_splits})
+EVAL_SPLITS = sorted(
+    {split for task in FINETUNE_TASKS for split in get_task(task).eval_splits}
+)
 # Eval tasks scored from other eval tasks' predictions (rule derive_eval).
 DERIVED_EVAL_TASKS = derived_eval_task_names()
 
@@ -269,7 +273,9 @@ def table_evals(table):
 
 def print_where_results_are():
     """The last lines of a successful run: the tables and the report it has written, in the working directory."""
-    written = [path for path in [*TABLES, *COMPARISON_TABLES, REPORT] if os.path.exists(path)]
+    written = [
+        path for path in [*TABLES, *COMPARISON_TABLES, REPORT] if os.path.exists(path)
+    ]
     if written:
         listing = "\n".join(f"  {path}" for path in written)
         print(f"\nResults (in {os.getcwd()}):\n{listing}", file=sys.stderr)

@@ -48,6 +48,7 @@ rule custom_rows:
         mem_mb=2000,
         runtime=60,
     params:
+        max_image_pixels=config["max_image_pixels"],  # vlbert_core/images.py
         code=code("custom_rows"),
         name=lambda wc: wc.name,
         entry=lambda wc: stable(config["tasks"]["custom"][wc.name]),

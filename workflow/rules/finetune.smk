@@ -29,6 +29,7 @@ rule finetune:
         runtime=600,
         gpu=1 if config["device"] == "cuda" else 0,
     params:
+        max_image_pixels=config["max_image_pixels"],  # vlbert_core/images.py
         code=lambda wc: code("finetune", wc.finetune_task),
         task=lambda wc: wc.finetune_task,
         setting=lambda wc: wc.setting,

@@ -29,6 +29,7 @@ rule pretrain:
     resources:
         **pretrain_resources(),
     params:
+        max_image_pixels=config["max_image_pixels"],  # vlbert_core/images.py
         setting=lambda wc: wc.setting,
         init_from=pretrain_start,
         model=stable(config["model"]),

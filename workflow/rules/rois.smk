@@ -51,6 +51,7 @@ if not config["detector"]["weights"]:
             runtime=120,
             gpu=1 if config["device"] == "cuda" else 0,
         params:
+            max_image_pixels=config["max_image_pixels"],  # vlbert_core/images.py
             code=code("train_detector"),
             detector=stable(config["detector"]),
             images=config["sources"]["detector"]["images"],
@@ -80,6 +81,7 @@ if ROI_SOURCES["cc"] == "detector":
             runtime=120,
             gpu=1 if config["device"] == "cuda" else 0,
         params:
+            max_image_pixels=config["max_image_pixels"],  # vlbert_core/images.py
             code=code("extract_rois"),
             rois=ROI_RULE_PARAMS,
             device=config["device"],
@@ -107,6 +109,7 @@ else:
             runtime=120,
             gpu=1 if config["device"] == "cuda" else 0,
         params:
+            max_image_pixels=config["max_image_pixels"],  # vlbert_core/images.py
             code=code("extract_rois"),
             rois=ROI_IMPORT_PARAMS,
             device=config["device"],
@@ -137,6 +140,7 @@ if DETECTED_TASK_DATASETS:
             runtime=120,
             gpu=1 if config["device"] == "cuda" else 0,
         params:
+            max_image_pixels=config["max_image_pixels"],  # vlbert_core/images.py
             code=lambda wc: code("extract_task_rois", wc.dataset),
             dataset=lambda wc: wc.dataset,
             split=lambda wc: wc.split,
@@ -171,6 +175,7 @@ if IMPORTED_TASK_DATASETS:
             runtime=120,
             gpu=1 if config["device"] == "cuda" else 0,
         params:
+            max_image_pixels=config["max_image_pixels"],  # vlbert_core/images.py
             code=lambda wc: code("extract_task_rois", wc.dataset),
             dataset=lambda wc: wc.dataset,
             split=lambda wc: wc.split,

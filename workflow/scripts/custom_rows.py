@@ -14,7 +14,7 @@ def main(smk) -> None:
     out_dir = Path(smk.output.labels).parent
     if Path(smk.output.train).parent != out_dir or Path(smk.output.val).parent != out_dir:
         raise ValueError(f"outputs train and val must sit next to output labels in {out_dir}")
-    check_rows(spec, out_dir)
+    check_rows(spec, out_dir, max_image_pixels=int(smk.params.max_image_pixels))
 
 
 if __name__ == "__main__":  # under Snakemake's script: directive `snakemake` is a global

@@ -16,6 +16,7 @@ def main(smk) -> None:
         out_tar=smk.output.tar,
         out_parquet=smk.output.parquet,
         out_stats=smk.output.stats,
+        max_image_pixels=int(smk.params.max_image_pixels),
     )
 
 

@@ -12,9 +12,11 @@ def main(smk) -> None:
     tsv = getattr(smk.input, "tsv", None)
     if tsv:
         import_rois_with_detector(tsv, smk.input.model, samples, smk.output.parquet, smk.params.rois,
-                                  image_id_of=cc_image_id, device=smk.params.device)
+                                  image_id_of=cc_image_id, device=smk.params.device,
+                                  max_image_pixels=int(smk.params.max_image_pixels))
     else:
-        extract_rois_with_detector(smk.input.model, samples, smk.output.parquet, smk.params.rois, smk.params.device)
+        extract_rois_with_detector(smk.input.model, samples, smk.output.parquet, smk.params.rois, smk.params.device,
+                                   max_image_pixels=int(smk.params.max_image_pixels))
 
 
 if __name__ == "__main__":  # under Snakemake's script: directive `snakemake` is a global

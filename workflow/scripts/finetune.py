@@ -32,6 +32,7 @@ def main(smk) -> None:
         rois_paths=list(smk.input.rois),
         seed=int(smk.params.seed),
         device=smk.params.device,
+        max_image_pixels=int(smk.params.max_image_pixels),
     )
     bundle = predict_splits(
         out_dir,
@@ -41,6 +42,7 @@ def main(smk) -> None:
         rois_paths=list(smk.input.eval_rois),
         seed=int(smk.params.seed),
         device=smk.params.device,
+        max_image_pixels=int(smk.params.max_image_pixels),
     )
     write_prediction_bundle(bundle, smk.output.predictions, model_dir=out_dir)
 

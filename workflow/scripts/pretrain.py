@@ -33,6 +33,7 @@ def main(smk) -> None:
             seed=int(smk.params["seed"]),
             device=str(smk.params["device"]),
             init_from=smk.params["init_from"],
+            max_image_pixels=int(smk.params["max_image_pixels"]),
         )
         return
 
@@ -41,7 +42,8 @@ def main(smk) -> None:
     config_file = out_dir / "launch_config.yaml"
     config_file.write_text(yaml.safe_dump({
         "model": dict(smk.params["model"]), "pretrain": pretrain_cfg,
-        "seed": int(smk.params["seed"]), "device": str(smk.params["device"])}))
+        "seed": int(smk.params["seed"]), "device": str(smk.params["device"]),
+        "max_image_pixels": int(smk.params["max_image_pixels"])}))
     command = distributed_command(launch, pretrain_arguments(
         setting=smk.params["setting"], config_file=str(config_file), cc_shards=list(smk.input["cc_shards"]),
         roi_parquets=list(smk.input["roi_parquets"]), text_shards=list(getattr(smk.input, "text_shards", [])),

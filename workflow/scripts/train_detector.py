@@ -15,6 +15,7 @@ def main(smk) -> None:
         out_model=smk.output.model,
         out_metrics=smk.output.metrics,
         seed=int(smk.params.seed),
+        max_image_pixels=int(smk.params.max_image_pixels),
     )
 
 
