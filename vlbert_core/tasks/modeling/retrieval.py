@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlbert_core.images import DEFAULT_MAX_PIXELS
 from vlbert_core.model.batch import VLBertBatch, collate_samples
 from vlbert_core.model.initialization import init_new_parameters
 from vlbert_core.utils import atomic_path, get_logger
@@ -298,7 +299,7 @@ def load_alignment_head(directory: str | os.PathLike, model) -> tuple[nn.Module,
 def zero_shot_scores(pretrained_dir: str | os.PathLike, out_path: str | os.PathLike | None = None, *,
                      sources: Mapping[str, str], model_cfg: Mapping[str, Any],
                      rois_paths: Sequence[str | os.PathLike], split: str = "test", max_text_len: int = 64,
-                     batch_size: int = 32, device: str = "cpu") -> dict:
+                     batch_size: int = 32, device: str = "cpu", max_image_pixels: int = DEFAULT_MAX_PIXELS) -> dict:
     """Zero-shot image retrieval: every caption of `split` with every image, scored by the probability of
     "matched" of the pre-training alignment head of the model in `pretrained_dir` (no fine-tuning).
 
@@ -306,7 +307,8 @@ def zero_shot_scores(pretrained_dir: str | os.PathLike, out_path: str | os.PathL
     `RetrievalTask.score` reads them) and, with `out_path`, writes it as the fine-tune job writes predictions.json
     ({"model_dir", "predictions"}), so `scoring.evaluate_predictions("retrieval", split, out_path, ...)` gives
     R@1/5/10. `sources`: the config's sources.flickr30k; `rois_paths`: the split's RoI parquets
-    (results/rois/flickr30k/<split>.parquet); `model_cfg`: the config's model section (max_rois, image_max_side).
+    (results/rois/flickr30k/<split>.parquet); `model_cfg`: the config's model section (max_rois, image_max_side);
+    `max_image_pixels`: the config's cap on an image's pixels (vlbert_core/images.py), as fine-tuning applies it.
     The visual network runs once per image and batch: every batch holds one image's captions."""
     from vlbert_core.model import load_tokenizer
     from vlbert_core.model.config import visual_pixel_format
@@ -327,7 +329,8 @@ def zero_shot_scores(pretrained_dir: str | os.PathLike, out_path: str | os.PathL
                        [(image.imgid, image.key, images_dir / image.filename) for image in data.images],
                        rois=rois, rois_source=", ".join(map(str, rois_paths)),
                        tokens=Tokens(load_tokenizer(model.config.bert_path)),
-                       images_loader=ImageLoader.from_settings(model_cfg, visual_pixel_format(model.config)),
+                       images_loader=ImageLoader.from_settings(model_cfg, visual_pixel_format(model.config),
+                                                               max_pixels=max_image_pixels),
                        max_rois=int(model_cfg["max_rois"]), max_text_len=int(max_text_len))
     num_captions = len(pairs.captions)
     rows: list[dict] = []
