@@ -303,10 +303,16 @@ def report_finetune_metrics():
     return [
         f"results/finetune/{task}/{setting}/{schedule}/metrics.jsonl"
         for task in FINETUNE_TASKS
-        if task
-        not in config_task_names()  # a config-declared task has its own table (custom.smk)
+        if in_paper_tables(task)
         for setting, schedule in jobs
     ]
+
+
+def in_paper_tables(task):
+    """Whether the task has columns in Tables 1-4; a config-declared task has its own table (custom.smk), and
+    retrieval is in the model comparison's (compare.smk)."""
+    cls = get_task(task)
+    return task not in config_task_names() and bool(cls.paper_table or cls.ablation_columns)
 
 
 def report_figure(name):

@@ -67,6 +67,7 @@ rule zero_shot_retrieval:
         max_text_len=config["finetune"]["retrieval"].get("max_text_len", 64),
         dataset=config["dataset"],
         device=config["device"],
+        max_image_pixels=config["max_image_pixels"],  # vlbert_core/images.py
     script:
         "../scripts/zero_shot_retrieval.py"
 

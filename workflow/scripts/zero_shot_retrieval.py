@@ -14,7 +14,8 @@ def main(smk) -> None:
     sources = dict(smk.params.sources)
     zero_shot_scores(Path(smk.input.model).parent, smk.output.predictions, sources=sources,
                      model_cfg=dict(smk.params.model), rois_paths=list(smk.input.rois), split=smk.params.split,
-                     max_text_len=int(smk.params.max_text_len), device=smk.params.device)
+                     max_text_len=int(smk.params.max_text_len), device=smk.params.device,
+                     max_image_pixels=int(smk.params.max_image_pixels))
     evaluate_predictions("retrieval", smk.params.split, smk.output.predictions, sources, smk.output.json,
                          smk.output.scored, setting=smk.params.setting, schedule="zero_shot",
                          dataset=smk.params.dataset)
