@@ -451,3 +451,47 @@ def test_zero_shot_needs_a_trained_alignment_head(flickr_world, tmp_path, family
                "vilbert": r"the 'alignment' head .* was never trained: .*metrics\.jsonl has no 'rel_loss'"}[family]
     with pytest.raises(ValueError, match=message):
         zero_shot_scores(directory, **run)
+
+
+def test_the_command_line_ranks_a_folder_of_images_for_a_caption(flickr_world, tmp_path):
+    import shutil
+
+    import torch
+    from conftest import TINY_DETECTOR_CFG
+
+    from vlbert_core.detector import build_detector
+    from vlbert_core.predict import PredictError
+    from vlbert_core.predict.__main__ import main
+    from vlbert_core.tasks.finetune import finetune
+
+    root, sources, rois, _ = flickr_world
+    finetune("retrieval", root / "vlbert", tmp_path / "ft", setting="full", schedule="half", schedule_factor=1.0,
+             hparams=HPARAMS, tune_frcnn=False, model_cfg=MODEL_CFG, sources=sources, rois_paths=[str(rois["train"])],
+             seed=0)
+    torch.manual_seed(0)
+    torch.save({"config": TINY_DETECTOR_CFG, "categories": [{"id": i, "name": f"c{i}"} for i in (1, 2, 3)],
+                "num_classes": 3, "state_dict": build_detector(TINY_DETECTOR_CFG, num_classes=3).state_dict()},
+               tmp_path / "detector.pt")
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    test = load_split(sources, "test")
+    for image in test.images[:3]:
+        shutil.copy(Path(sources["images"]) / image.filename, folder / image.filename)
+    (folder / "notes.txt").write_text("not an image")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"rois": {"score_threshold": 0.0, "min_boxes": 2, "max_boxes": 4, "nms_iou": 0.3,
+                                           "batch_size": 2, "num_workers": 0}}))
+    args = ["--model", str(tmp_path / "ft"), "--detector", str(tmp_path / "detector.pt"), "--config", str(config),
+            "--rank-images", str(folder), "--text", test.captions[0].text, "--text", test.captions[7].text,
+            "--top-k", "2", "--out", str(tmp_path / "ranked.json")]
+    written = main(args)
+    assert written["task"] == "retrieval" and json.loads((tmp_path / "ranked.json").read_text()) == written
+    assert [r["text"] for r in written["results"]] == [test.captions[0].text, test.captions[7].text]
+    for result in written["results"]:
+        ranked = result["images"]
+        assert [r["rank"] for r in ranked] == [1, 2] and ranked[0]["score"] >= ranked[1]["score"]
+        assert {Path(r["image"]).parent for r in ranked} == {folder}
+    with pytest.raises(PredictError, match="has no .jpg/.jpeg/.png image"):
+        main([*args[:6], "--rank-images", str(tmp_path), "--text", "a caption"])
+    with pytest.raises(PredictError, match="takes --text captions only"):
+        main([*args[:8], "--image", "x.jpg", "--text", "a caption"])

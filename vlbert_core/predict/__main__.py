@@ -14,6 +14,9 @@
             --choices "[0] owns [1] ." "it is raining ." "[1] is lost ." "[0] is cooking ."
             (QA->R model: --answer "[0] owns [1] ." and --choices are the four rationales),
             or --annotations val.jsonl --id val-0 --images-dir .../vcr1images (VCR's own format).
+  Retrieval: --model results/finetune/retrieval/vilbert/half --detector results/detector/model.pt
+            --rank-images FOLDER --text "a caption" [--top-k 5]: the folder's images that best match each
+            caption, best first
 
 --image and --text repeat (pairs in order; one of them given once goes with every other);
 --queries FILE takes one JSON query per line ({"image", "text", ...}, docs/predict.md).
@@ -63,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--images-dir", type=Path,
                         help="with --annotations: the folder its image paths are relative to (default: the file's)")
     parser.add_argument("--queries", type=Path, help="JSON lines, one query object per line")
+    parser.add_argument("--rank-images", type=Path, metavar="FOLDER",
+                        help="retrieval: rank the folder's .jpg/.jpeg/.png images for each --text caption")
     parser.add_argument("--top-k", type=int, default=5, help="answers / boxes listed per query (default 5)")
     parser.add_argument("--draw", type=Path, help="RefCOCO+: PNG of the image with the chosen box "
                                                   "(several queries: PATH_<n>.png)")
@@ -154,9 +159,42 @@ def draw_paths(path: Path | None, count: int) -> list[Path] | None:
     return [path.with_name(f"{path.stem}_{i}{path.suffix or '.png'}") for i in range(count)]
 
 
+def folder_images(folder: Path) -> list[str]:
+    """The images of a folder to rank, sorted by name."""
+    from vlbert_core.tasks.retrieval import IMAGE_SUFFIXES
+
+    if not folder.is_dir():
+        raise PredictError(f"--rank-images {folder} is not a folder")
+    images = [str(p) for p in sorted(folder.iterdir()) if p.suffix.lower() in IMAGE_SUFFIXES]
+    if not images:
+        raise PredictError(f"--rank-images {folder} has no {'/'.join(IMAGE_SUFFIXES)} image")
+    return images
+
+
+def rank_folder(args: argparse.Namespace, config: dict) -> dict:
+    """--rank-images: each --text caption with the folder's images, best first."""
+    from vlbert_core.tasks.retrieval import rank_images
+
+    if args.image or args.queries or args.annotations or not args.text:
+        raise PredictError("--rank-images takes --text captions only (no --image, --queries or --annotations)")
+    captions = [checked_text(t, f"--text #{i + 1}") for i, t in enumerate(args.text)]
+    images = folder_images(args.rank_images)
+    max_image_pixels = image_cap(config)
+    check_image_sizes(images, max_image_pixels)
+    predictor = Predictor(args.model, task=args.task, detector=args.detector, config=config, device=args.device,
+                          max_image_pixels=max_image_pixels)
+    if predictor.task.name != "retrieval":
+        raise PredictError(f"--rank-images needs a retrieval model; {args.model} holds a {predictor.task.name} one")
+    results = [{"text": caption, "images": rank_images(predictor, caption, images, top_k=args.top_k)}
+               for caption in captions]
+    return {"model": str(args.model), "task": predictor.task.name, "results": results}
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     config = read_config(args.config)
+    if args.rank_images is not None:
+        return emit(rank_folder(args, config), args.out)
     queries = flag_queries(args)   # the cheap checks of what was asked come before loading the model
     if args.queries:
         queries += file_queries(args.queries)
@@ -169,10 +207,14 @@ def main(argv: list[str] | None = None) -> dict:
     if not queries:
         raise PredictError("nothing to ask: give --image and --text, --queries or --annotations")
     results = predictor.predict(queries, top_k=args.top_k, draw=draw_paths(args.draw, len(queries)))
-    payload = {"model": str(args.model), "task": predictor.task.name, "results": results}
+    return emit({"model": str(args.model), "task": predictor.task.name, "results": results}, args.out)
+
+
+def emit(payload: dict, out: Path | None) -> dict:
+    """Print the answers as JSON (and write them to `out`)."""
     text = json.dumps(payload, indent=1)
-    if args.out:
-        with atomic_path(args.out) as tmp:
+    if out:
+        with atomic_path(out) as tmp:
             tmp.write_text(text + "\n")
     print(text)
     return payload
