@@ -82,3 +82,44 @@ def load_state_exactly(module, state: Mapping[str, Any], weights_path: str | os.
     if missing or unexpected:
         raise ValueError(f"{weights_path} does not match {config_path}: missing {sorted(missing)[:8]}, unexpected "
                          f"{sorted(unexpected)[:8]}")
+
+
+class PretrainedModel:
+    """`save_pretrained` / `from_pretrained` of a family's model class (an nn.Module with `model_type`,
+    `config_class` and `__init__(config)`), the one way every family's directory is written and read."""
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """model.safetensors and config.json (with its model_type) into `directory`."""
+        from vlbert_core.utils import atomic_path, save_safetensors
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        save_safetensors(self.state_dict(), directory / MODEL_FILE)
+        with atomic_path(directory / CONFIG_FILE) as tmp:
+            tmp.write_text(json.dumps({"model_type": self.model_type, **self.config.to_dict()}, indent=2,
+                                      sort_keys=True) + "\n")
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike):
+        """The model saved in `directory`; an error naming the file when it is missing, of another family or does
+        not match its config."""
+        import torch
+
+        from vlbert_core.utils import load_safetensors
+
+        directory = Path(directory)
+        config_path, weights_path = directory / CONFIG_FILE, directory / MODEL_FILE
+        if not weights_path.is_file():
+            raise FileNotFoundError(f"{cls.__name__}.from_pretrained: {weights_path} does not exist")
+        model_type, fields = read_config(directory)
+        if model_type != cls.model_type:
+            raise ValueError(f"{config_path}: a {model_type} model, not a {cls.model_type} one "
+                             f"(vlbert_core.model_registry.from_pretrained builds any family)")
+        try:
+            config = cls.config_class.from_dict(fields)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{cls.__name__}.from_pretrained: {config_path}: {exc}") from exc
+        with torch.device("meta"):  # every tensor comes from the file: no random init to throw away
+            model = cls(config)
+        load_state_exactly(model, load_safetensors(weights_path), weights_path, config_path)
+        return model

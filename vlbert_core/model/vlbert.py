@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
 import torch
 from torch import nn
 
 from vlbert_core.model_output import EncoderOutput, HeadSpec
-from vlbert_core.model_registry import CONFIG_FILE, MODEL_FILE, load_state_exactly, read_config
-from vlbert_core.utils import atomic_path, get_logger, load_safetensors, save_safetensors
+from vlbert_core.model_registry import PretrainedModel
+from vlbert_core.utils import get_logger
 
 from .batch import VLBertBatch
 from .bert_init import load_bert_state_dict, read_bert_config
@@ -85,7 +82,7 @@ def vlbert_output(sequence_output: torch.Tensor, batch: VLBertBatch, roi_feature
                         sequence_output=sequence_output)
 
 
-class VLBertModel(nn.Module):
+class VLBertModel(PretrainedModel, nn.Module):
     model_type: ClassVar[str] = "vlbert"
     config_class: ClassVar[type] = VLBertConfig
 
@@ -192,32 +189,4 @@ class VLBertModel(nn.Module):
                  config.num_hidden_layers, bert_cfg["num_hidden_layers"],
                  sum(p.numel() for p in model.parameters()) / 1e6,
                  sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6)
-        return model
-
-    def save_pretrained(self, directory: str | os.PathLike) -> None:
-        """model.safetensors and config.json (with its model_type) into `directory`."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        save_safetensors(self.state_dict(), directory / MODEL_FILE)
-        with atomic_path(directory / CONFIG_FILE) as tmp:
-            tmp.write_text(json.dumps({"model_type": self.model_type, **self.config.to_dict()}, indent=2,
-                                      sort_keys=True) + "\n")
-
-    @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike) -> "VLBertModel":
-        directory = Path(directory)
-        config_path, weights_path = directory / CONFIG_FILE, directory / MODEL_FILE
-        if not weights_path.is_file():
-            raise FileNotFoundError(f"VLBertModel.from_pretrained: {weights_path} does not exist")
-        model_type, fields = read_config(directory)
-        if model_type != cls.model_type:
-            raise ValueError(f"{config_path}: a {model_type} model, not a {cls.model_type} one "
-                             f"(vlbert_core.model_registry.from_pretrained builds any family)")
-        try:
-            config = VLBertConfig.from_dict(fields)
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"VLBertModel.from_pretrained: {config_path}: {exc}") from exc
-        with torch.device("meta"):  # every tensor comes from the file: no random init to throw away
-            model = cls(config)
-        load_state_exactly(model, load_safetensors(weights_path), weights_path, config_path)
         return model

@@ -15,10 +15,7 @@ Departure from the authors' inputs: their global region is the mean of the other
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -31,8 +28,8 @@ from vlbert_core.model.initialization import copy_tensors, init_new_parameters
 from vlbert_core.model.inputs import TEXT
 from vlbert_core.model.visual import FastRCNNVisualNetwork, features_per_shared_image
 from vlbert_core.model_output import EncoderOutput, HeadSpec
-from vlbert_core.model_registry import CONFIG_FILE, MODEL_FILE, load_state_exactly, read_config
-from vlbert_core.utils import atomic_path, get_logger, load_safetensors, save_safetensors
+from vlbert_core.model_registry import PretrainedModel
+from vlbert_core.utils import get_logger
 
 from .config import ViLBertConfig
 from .embeddings import ImageEmbeddings, TextEmbeddings, region_locations
@@ -99,7 +96,7 @@ def text_stream(batch: VLBertBatch, type_vocab_size: int) -> tuple[torch.Tensor,
     return batch.input_ids[:, :length], token_types, mask
 
 
-class ViLBertModel(nn.Module):
+class ViLBertModel(PretrainedModel, nn.Module):
     model_type: ClassVar[str] = "vilbert"
     config_class: ClassVar[type] = ViLBertConfig
 
@@ -223,32 +220,4 @@ class ViLBertModel(nn.Module):
                  config.num_hidden_layers, bert_cfg["num_hidden_layers"],
                  sum(p.numel() for p in model.parameters()) / 1e6,
                  sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6)
-        return model
-
-    def save_pretrained(self, directory: str | os.PathLike) -> None:
-        """model.safetensors and config.json (with its model_type) into `directory`."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        save_safetensors(self.state_dict(), directory / MODEL_FILE)
-        with atomic_path(directory / CONFIG_FILE) as tmp:
-            tmp.write_text(json.dumps({"model_type": self.model_type, **self.config.to_dict()}, indent=2,
-                                      sort_keys=True) + "\n")
-
-    @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike) -> "ViLBertModel":
-        directory = Path(directory)
-        config_path, weights_path = directory / CONFIG_FILE, directory / MODEL_FILE
-        if not weights_path.is_file():
-            raise FileNotFoundError(f"ViLBertModel.from_pretrained: {weights_path} does not exist")
-        model_type, fields = read_config(directory)
-        if model_type != cls.model_type:
-            raise ValueError(f"{config_path}: a {model_type} model, not a {cls.model_type} one "
-                             f"(vlbert_core.model_registry.from_pretrained builds any family)")
-        try:
-            config = ViLBertConfig.from_dict(fields)
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"ViLBertModel.from_pretrained: {config_path}: {exc}") from exc
-        with torch.device("meta"):  # every tensor comes from the file: no random init to throw away
-            model = cls(config)
-        load_state_exactly(model, load_safetensors(weights_path), weights_path, config_path)
         return model
