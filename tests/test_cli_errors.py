@@ -142,6 +142,27 @@ def test_predict_names_missing_model_and_config(tmp_path, capsys):
     assert str(tmp_path / "c.yaml") in one_error_line(capsys)
 
 
+def test_predict_refuses_a_pixel_bomb_from_its_header_before_loading_the_model(model_dir, tmp_path, capsys):
+    """A 12000 x 12000 PNG of a few kB: over the cap, refused in one line naming it and the config key."""
+    from PIL import Image
+
+    bomb = tmp_path / "bomb.png"
+    Image.new("1", (12000, 12000)).save(bomb)
+    assert bomb.stat().st_size < 100_000
+    main, prog = command("vlbert_core.predict.__main__")
+    assert run_command(main, prog, ["--model", str(model_dir), "--image", str(bomb), "--text", "a"]) == 1
+    line = one_error_line(capsys)
+    assert str(bomb) in line and "12000x12000" in line and "max_image_pixels" in line
+
+
+def test_predict_rank_images_names_a_folder_without_images(model_dir, tmp_path, capsys):
+    (tmp_path / "photos").mkdir()
+    main, prog = command("vlbert_core.predict.__main__")
+    assert run_command(main, prog, ["--model", str(model_dir), "--rank-images", str(tmp_path / "photos"),
+                                    "--text", "a caption"]) == 1
+    assert f"--rank-images {tmp_path / 'photos'} has no .jpg/.jpeg/.png image" in one_error_line(capsys)
+
+
 # ---- python -m vlbert_core.pretrain ----------------------------------------------------------------------------
 
 def test_pretrain_names_a_missing_or_broken_config(tmp_path, capsys):
