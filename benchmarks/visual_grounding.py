@@ -51,9 +51,10 @@ from vlbert_core.model.config import visual_pixel_format  # noqa: E402
 from vlbert_core.optim import OptimizerSettings, build_optimizer  # noqa: E402
 from vlbert_core.pretrain.data import StreamConfig, pair_shards_with_rois, read_held_out_captions  # noqa: E402
 from vlbert_core.pretrain.loop import (  # noqa: E402
-    build_batches, build_vlbert_config, load_pretrain_checkpoint, measure_appearance_statistics,
+    build_batches, build_vlbert_config, measure_appearance_statistics,
 )
 from vlbert_core.pretrain.masking import word_groups  # noqa: E402
+from vlbert_core.safe_pickle import load_torch_file  # noqa: E402
 from vlbert_core.pretrain.objectives import VLBertForPretraining  # noqa: E402
 from vlbert_core.pretrain.settings import get_setting  # noqa: E402
 from vlbert_core.tasks.samples import ImageLoader, image_and_boxes  # noqa: E402
@@ -285,7 +286,7 @@ def load_pretrained(run: Run, setting: str) -> VLBertForPretraining | None:
     path = run.root / "results" / "pretrain" / setting / "checkpoint.pt"
     if not path.is_file():
         return None
-    checkpoint = load_pretrain_checkpoint(path)
+    checkpoint = load_torch_file(path, "a pre-training checkpoint")
     spec = get_setting(setting)
     config = build_vlbert_config(dict(run.config["model"]), run.detector_meta, tune_frcnn=spec.tune_frcnn)
     module = VLBertForPretraining(VLBertModel(config), spec)

@@ -33,3 +33,40 @@ def test_a_second_snakemake_in_the_same_directory_is_refused_by_the_lock(tmp_pat
     assert first.returncode == 0, err[-3000:]
     assert (tmp_path / TARGET).is_file()
     assert not locks.is_dir() or not any(locks.iterdir())  # the first run released its lock
+
+
+def _weights(directory):
+    from safetensors.torch import load_file
+
+    return load_file(str(directory / "model.safetensors"))
+
+
+def test_a_damaged_checkpoint_is_never_loaded_and_the_previous_one_resumes(world, tmp_path, caplog):
+    """Pre-training keeps its last two checkpoints: with the newest cut short (a machine that died while writing
+    it, or a damaged disk), the run warns naming it and resumes from the one before, ending with the weights of
+    an uninterrupted run; with both damaged it warns and starts afresh, with the same end."""
+    import torch
+    from test_pretrain import _run
+
+    _run(world, "b", tmp_path / "straight")
+    want = _weights(tmp_path / "straight")
+    for damage in ("newest", "both"):
+        out = tmp_path / damage
+        assert _run(world, "b", out, stop_after_step=3)["stopped"]  # checkpoints at steps 2 (every 2) and 3
+        newest, previous = out / "checkpoint.pt", out / "checkpoint.previous.pt"
+        assert torch.load(previous, weights_only=True)["step"] == 2
+        assert torch.load(newest, weights_only=True)["step"] == 3
+        for path in (newest, previous) if damage == "both" else (newest,):
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+        caplog.clear()
+        summary = _run(world, "b", out)
+        assert summary["resumed_from"] == (2 if damage == "newest" else None)
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert any(str(newest) in w and "not resuming from it" in w for w in warnings), warnings
+        if damage == "both":
+            assert any("no readable checkpoint" in w and "starting from scratch" in w for w in warnings), warnings
+        got = _weights(out)
+        for key in want:
+            torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=1e-7, msg=key)
+        # a finished run keeps its final checkpoint only
+        assert newest.is_file() and not previous.exists()

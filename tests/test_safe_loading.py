@@ -107,8 +107,8 @@ def _hostile_torch_file(path, marker):
 
 
 def _load_pretrain(path):
-    from vlbert_core.pretrain.loop import load_pretrain_checkpoint
-    load_pretrain_checkpoint(path)
+    from vlbert_core.safe_pickle import load_torch_file
+    load_torch_file(path, "a pre-training checkpoint")
 
 
 def _load_detector(path):

@@ -17,6 +17,9 @@ import numpy as np
 import torch
 
 from vlbert_core.safe_pickle import load_torch_file
+from vlbert_core.utils import atomic_path, get_logger
+
+log = get_logger(__name__)
 
 
 def rng_state(device: torch.device) -> dict:
@@ -50,9 +53,42 @@ def run_fingerprint(**parts: Any) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def load_resume_checkpoint(path: Path, what: str) -> dict:
-    """A resume checkpoint, read with weights_only=True: a doctored file cannot run code."""
-    try:
-        return load_torch_file(path, what)
-    except ValueError as e:
-        raise ValueError(f"{e}; delete it to start from scratch") from e
+def previous_checkpoint(path: Path) -> Path:
+    """Where the checkpoint before `path` is kept (checkpoint.pt -> checkpoint.previous.pt)."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.previous{path.suffix}")
+
+
+def save_resume_checkpoint(payload: dict, path: Path) -> None:
+    """Write `payload` to `path`, whole or not at all, keeping the checkpoint it replaces at
+    previous_checkpoint(path): the last two. A machine that dies while writing leaves the previous one readable."""
+    path = Path(path)
+    if path.is_file():
+        os.replace(path, previous_checkpoint(path))
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+
+
+def remove_resume_checkpoints(path: Path) -> None:
+    """Both kept checkpoints: the job's outputs are complete, a re-run starts afresh."""
+    for candidate in (Path(path), previous_checkpoint(path)):
+        candidate.unlink(missing_ok=True)
+
+
+def load_resume_checkpoint(path: Path, what: str) -> tuple[Path | None, dict | None]:
+    """(file, checkpoint) of the newest readable checkpoint of the two kept (`path`, then its previous one), read
+    with weights_only=True (a doctored file cannot run code); (None, None) when there is none. A damaged or
+    truncated file is never loaded: a warning names it and why, and the previous one (or a fresh start) is taken."""
+    path = Path(path)
+    damaged = []
+    for candidate in (path, previous_checkpoint(path)):
+        if not candidate.is_file():
+            continue
+        try:
+            return candidate, load_torch_file(candidate, what)
+        except ValueError as e:
+            damaged.append(candidate)
+            log.warning("%s; not resuming from it", e)
+    if damaged:
+        log.warning("no readable checkpoint among %s: starting from scratch", [str(d) for d in damaged])
+    return None, None

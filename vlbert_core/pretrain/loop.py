@@ -4,7 +4,8 @@ AdamW (no weight decay on biases, LayerNorm and other 1-d parameters), linear wa
 decay, lr = lr_per_sample x global batch, gradient clipping, bf16 autocast on CUDA only, DDP when
 launched by torchrun (WORLD_SIZE > 1). A checkpoint (model, heads, optimiser, scheduler, step,
 metrics, RNG states and data positions of every rank) is written to <out_dir>/checkpoint.pt every
-`checkpoint_every` steps and at the end; a run finds it there and resumes. Rank 0 also writes each
+`checkpoint_every` steps and at the end, the one before kept as checkpoint.previous.pt; a run finds them there and
+resumes from the newest readable one (vlbert_core/resume.py). Rank 0 also writes each
 metrics record as TensorBoard scalars to <out_dir>/tensorboard/ (tensorboard_log.py). At the end, the visual-clue
 check (visual_clue.py) measures MLM accuracy on held-out captions with and without the image.
 """
@@ -34,7 +35,8 @@ from vlbert_core.images import DEFAULT_MAX_PIXELS
 from vlbert_core.model_registry import from_pretrained, model_class
 from vlbert_core.vilbert.config import ViLBertConfig
 from vlbert_core.optim import OptimizerSettings, build_optimizer, build_scheduler, warmup_linear_decay
-from vlbert_core.resume import load_resume_checkpoint, rng_state, run_fingerprint, set_rng_state
+from vlbert_core.resume import (load_resume_checkpoint, previous_checkpoint, rng_state, run_fingerprint,
+                                save_resume_checkpoint, set_rng_state)
 from vlbert_core.tensorboard_log import TrainingEvents
 from vlbert_core.utils import atomic_path, get_logger, seed_everything
 
@@ -144,11 +146,6 @@ def _gather(obj: Any, world_size: int) -> list:
     out: list = [None] * world_size
     dist.all_gather_object(out, obj)
     return out
-
-
-def load_pretrain_checkpoint(path: Path) -> dict:
-    """Our own resume checkpoint, read with weights_only=True: a doctored file cannot run code."""
-    return load_resume_checkpoint(path, "a pre-training checkpoint")
 
 
 def _write_metrics(path: Path, records: list[dict]) -> None:
@@ -341,8 +338,8 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
                                       *([] if init_from is None else [str(Path(init_from) / "model.safetensors")])])
     step, metrics, resumed_from = 0, [], None
     ckpt_path = out / CHECKPOINT_FILE
-    if ckpt_path.is_file():
-        ckpt = load_pretrain_checkpoint(ckpt_path)
+    found, ckpt = load_resume_checkpoint(ckpt_path, "a pre-training checkpoint")
+    if ckpt is not None:
         if ckpt.get("format") == CHECKPOINT_FORMAT and ckpt.get("fingerprint") == fingerprint:
             module.model.load_state_dict(ckpt["model"])
             module.heads.load_state_dict(ckpt["heads"])
@@ -352,19 +349,19 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
             set_rng_state(ckpt["rng"][rank], dev)
             step, metrics = int(ckpt["step"]), list(ckpt["metrics"])
             resumed_from = step
-            log.info("resumed from %s at step %d", ckpt_path, step)
+            log.info("resumed from %s at step %d", found, step)
         else:
-            log.warning("%s belongs to another configuration or input; starting from scratch", ckpt_path)
+            log.warning("%s belongs to another configuration or input; starting from scratch", found)
 
     def save_checkpoint() -> None:
         data_states = _gather(batches.state(), world_size)
         rng_states = _gather(rng_state(dev), world_size)
         if is_main:
-            with atomic_path(ckpt_path) as tmp:
-                torch.save({"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "setting": spec.name,
-                            "step": step, "model": module.model.state_dict(), "heads": module.heads.state_dict(),
-                            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                            "data": data_states, "rng": rng_states, "metrics": metrics}, tmp)
+            save_resume_checkpoint({"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "setting": spec.name,
+                                    "step": step, "model": module.model.state_dict(),
+                                    "heads": module.heads.state_dict(), "optimizer": optimizer.state_dict(),
+                                    "scheduler": scheduler.state_dict(), "data": data_states, "rng": rng_states,
+                                    "metrics": metrics}, ckpt_path)
 
     train_module: torch.nn.Module = module
     if world_size > 1:
@@ -434,6 +431,7 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
         module.model.save_pretrained(out)
         save_pretraining_heads(module.heads, out)
         _write_metrics(out / METRICS_FILE, metrics)
+        previous_checkpoint(ckpt_path).unlink(missing_ok=True)  # the final checkpoint.pt stays (benchmarks read it)
         clue = run_visual_clue_check(module, cc_shards, roi_parquets, tokenizer, stream_cfg, out, dev)
         events.write(clue, "visual_clue", step=step)
     events.close()

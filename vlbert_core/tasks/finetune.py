@@ -39,7 +39,8 @@ from vlbert_core.model_registry import (CONFIG_FILE, MODEL_FILE, build_model, fr
                                         split_model_type)
 from vlbert_core.optim import (OptimizerSettings, build_optimizer, build_scheduler, warmup_linear_decay,
                                warmup_step_decay)
-from vlbert_core.resume import load_resume_checkpoint, rng_state, run_fingerprint, set_rng_state
+from vlbert_core.resume import (load_resume_checkpoint, remove_resume_checkpoints, rng_state, run_fingerprint,
+                                save_resume_checkpoint, set_rng_state)
 from vlbert_core.tensorboard_log import TrainingEvents
 from vlbert_core.utils import atomic_path, get_logger, load_safetensors, save_safetensors, seed_everything
 
@@ -361,8 +362,8 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
     dev = torch.device(device)
     step, records, seconds_before, resumed_from = 0, [], 0.0, None
     ckpt_path = out_dir / CHECKPOINT_FILE
-    if ckpt_path.is_file():
-        ckpt = load_resume_checkpoint(ckpt_path, "a fine-tuning checkpoint")
+    found, ckpt = load_resume_checkpoint(ckpt_path, "a fine-tuning checkpoint")
+    if ckpt is not None:
         if ckpt.get("format") == CHECKPOINT_FORMAT and ckpt.get("fingerprint") == fingerprint:
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
@@ -371,16 +372,16 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
             set_rng_state(ckpt["rng"], dev)
             step, records, seconds_before = int(ckpt["step"]), list(ckpt["metrics"]), float(ckpt["train_seconds"])
             resumed_from = step
-            log.info("resumed from %s at step %d", ckpt_path, step)
+            log.info("resumed from %s at step %d", found, step)
         else:
-            log.warning("%s belongs to another configuration or input; starting from scratch", ckpt_path)
+            log.warning("%s belongs to another configuration or input; starting from scratch", found)
 
     def save_checkpoint() -> None:
-        with atomic_path(ckpt_path) as tmp:
-            torch.save({"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "step": step,
-                        "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(), "data": batches.state(), "rng": rng_state(dev),
-                        "metrics": records, "train_seconds": seconds_before + time.perf_counter() - start}, tmp)
+        save_resume_checkpoint({"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "step": step,
+                                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                "scheduler": scheduler.state_dict(), "data": batches.state(), "rng": rng_state(dev),
+                                "metrics": records, "train_seconds": seconds_before + time.perf_counter() - start},
+                               ckpt_path)
 
     events = TrainingEvents(out_dir, resume_step=resumed_from)
     if records:
@@ -431,7 +432,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
     save_finetuned(model, meta, out_dir)
     with atomic_path(out_dir / METRICS_FILE) as tmp:
         tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    ckpt_path.unlink(missing_ok=True)  # the job's outputs are complete: a rerun starts afresh
+    remove_resume_checkpoints(ckpt_path)  # the job's outputs are complete: a rerun starts afresh
     log.info("fine-tuned %s in %.1f s -> %s", task, meta["train_seconds"], out_dir)
     return meta
 
