@@ -43,7 +43,18 @@ class Progress(tqdm):
                           maxinterval=max(float(kwargs.get("maxinterval", 10.0)), PLAIN_INTERVAL_S),
                           bar_format=PLAIN_FORMAT if _known_total(args, kwargs) else PLAIN_FORMAT_NO_TOTAL,
                           dynamic_ncols=False, leave=True)
+        self.plain = plain
         super().__init__(*args, **kwargs)
+
+    # tqdm redraws on every postfix or description change by default; plain lines come at their interval only
+    def set_postfix(self, ordered_dict=None, refresh=True, **kwargs):
+        super().set_postfix(ordered_dict, refresh=refresh and not self.plain, **kwargs)
+
+    def set_postfix_str(self, s="", refresh=True):
+        super().set_postfix_str(s, refresh=refresh and not self.plain)
+
+    def set_description(self, desc=None, refresh=True):
+        super().set_description(desc, refresh=refresh and not self.plain)
 
 
 def _known_total(args: tuple, kwargs: dict) -> bool:
