@@ -20,6 +20,7 @@ import yaml
 from conftest import TINY_DETECTOR_CFG, load_script
 from PIL import Image
 
+from vlbert_core.images import DEFAULT_MAX_PIXELS as MAX_PIXELS
 from vlbert_core.detector import (
     build_detector,
     classify_boxes,
@@ -133,7 +134,7 @@ def test_cc_shard_tsv_round_trip_with_bad_rows_accounted(detector_file, tmp_path
     load_script("extract_rois").main(SimpleNamespace(
         input=SimpleNamespace(tar=str(tmp_path / "train-00000.tar"), tsv=str(tsv), model=str(detector_file)),
         output=SimpleNamespace(parquet=str(out)),
-        params=SimpleNamespace(rois=ROIS_CFG, device="cpu"), threads=1, log=[str(tmp_path / "import.log")],
+        params=SimpleNamespace(rois=ROIS_CFG, device="cpu", max_image_pixels=MAX_PIXELS), threads=1, log=[str(tmp_path / "import.log")],
     ))
 
     records = read_rois(out)
@@ -220,7 +221,8 @@ def test_vqa_tsv_with_cls_prob_round_trips_to_the_task_reader(detector_file, tmp
     load_script("extract_task_rois").main(SimpleNamespace(
         input=SimpleNamespace(tsv=str(tsv), model=str(detector_file)),
         output=SimpleNamespace(parquet=str(out)),
-        params=SimpleNamespace(dataset="vqa", split="val", rois=ROIS_CFG, device="cpu", sources=sources),
+        params=SimpleNamespace(dataset="vqa", split="val", rois=ROIS_CFG, device="cpu", sources=sources,
+                              max_image_pixels=MAX_PIXELS),
         threads=1, log=[str(tmp_path / "import.log")], config={},
     ))
     from vlbert_core.tasks.common import rois_for_key

@@ -44,7 +44,9 @@ for case in cases:
         results.append({"ok": True})
     except BaseException as e:
         text = "".join(traceback.format_exception(e))
-        results.append({"ok": False, "error": text[-4000:]})
+        # the head says what was wrong (a schema error names the key first, then dumps the whole config), the tail
+        # where it was raised
+        results.append({"ok": False, "error": text if len(text) <= 8000 else text[:4000] + " [...] " + text[-4000:]})
 print(json.dumps(results))
 '''
 

@@ -15,6 +15,7 @@ import torch
 from PIL import Image, ImageDraw
 from torchvision.ops import box_iou
 
+from vlbert_core.images import DEFAULT_MAX_PIXELS as MAX_PIXELS
 from vlbert_core.detector import (
     average_precision,
     build_detector,
@@ -662,7 +663,7 @@ def test_scripts_train_then_extract_a_shard(tmp_path):
     load_script("train_detector").main(SimpleNamespace(
         input=SimpleNamespace(train=train_json, val=val_json),
         output=SimpleNamespace(model=str(model_path), metrics=str(tmp_path / "detector" / "metrics.json")),
-        params=SimpleNamespace(detector=TINY_CFG, seed=0, images=str(tmp_path / "images")),
+        params=SimpleNamespace(detector=TINY_CFG, seed=0, images=str(tmp_path / "images"), max_image_pixels=MAX_PIXELS),
         threads=1, log=[str(tmp_path / "logs" / "train.log")],
     ))
     assert model_path.exists() and "val AP@0.5" in (tmp_path / "logs" / "train.log").read_text()
@@ -680,7 +681,7 @@ def test_scripts_train_then_extract_a_shard(tmp_path):
     load_script("extract_rois").main(SimpleNamespace(
         input=SimpleNamespace(tar=str(tar_path), model=str(model_path)),
         output=SimpleNamespace(parquet=str(out)),
-        params=SimpleNamespace(rois=rois_cfg, device="cpu"), threads=1, log=[str(tmp_path / "logs" / "rois.log")],
+        params=SimpleNamespace(rois=rois_cfg, device="cpu", max_image_pixels=MAX_PIXELS), threads=1, log=[str(tmp_path / "logs" / "rois.log")],
     ))
     records = read_rois(out)
     assert [r.status for r in records.values()] == ["ok", "decode_error", "ok"]
@@ -711,7 +712,7 @@ def test_task_images_that_cannot_be_read_are_accounted_and_the_rest_goes_on(tiny
     load_script("extract_task_rois").main(SimpleNamespace(
         input=SimpleNamespace(model=save_detector(tiny_detector, tmp_path / "model.pt")),
         output=SimpleNamespace(parquet=str(out)),
-        params=SimpleNamespace(dataset="vqa", split="val", device="cpu",
+        params=SimpleNamespace(dataset="vqa", split="val", device="cpu", max_image_pixels=MAX_PIXELS,
                                rois={"score_threshold": 0.5, "min_boxes": 10, "max_boxes": 100, "nms_iou": 0.3,
                                      "batch_size": 2},
                                sources={"questions": str(tmp_path / "questions_{split}.json"),

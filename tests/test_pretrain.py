@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from conftest import MINILM, NUM_FG_CLASSES
 from test_tensorboard import assert_events_match_metrics
 
+from vlbert_core.images import DEFAULT_MAX_PIXELS
 from vlbert_core.detector import load_detector
 from vlbert_core.model import IMG, VLBertModel, build_input_sequence, collate_samples, load_tokenizer
 from vlbert_core.model.embeddings import APPEARANCE_STD_FLOOR
@@ -633,6 +634,7 @@ def test_workflow_script(world, tmp_path):
                           config=str(out / "config.json"), metrics=str(out / "metrics.jsonl"),
                           visual_clue=str(out / "visual_clue.json")),
         params=_Namedlist(setting="b", init_from=None, model=model_cfg(world), pretrain=pretrain_cfg(steps=1), seed=0,
+                          max_image_pixels=DEFAULT_MAX_PIXELS,
                           device="cpu"),
         threads=1, log=[str(tmp_path / "log.txt")])
     script.main(smk)
