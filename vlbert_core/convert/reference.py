@@ -453,3 +453,18 @@ def our_outputs(layout: ReleasedLayout, model_dir: str | Path, inputs: dict[str,
     if not layout.precomputed:
         outputs["appearance"] = _boxes_of(stages["appearance"], box_valid[image_rows])
     return outputs
+
+
+def report_stages(rows: list[dict], title: str, tolerance: float, json_path: Path | None = None) -> int:
+    """Print the per-stage table under `title` (and write the rows as JSON); 0 when every stage is within
+    `tolerance`, else 1 (the exit status of a verify command)."""
+    import json
+
+    print(title)
+    print(stage_table(rows))
+    if json_path is not None:
+        Path(json_path).write_text(json.dumps(rows, indent=1) + "\n")
+    worst = max(rows, key=lambda r: r["max_abs_diff"])
+    verdict = "within" if worst["max_abs_diff"] <= tolerance else "ABOVE"
+    print(f"largest difference {worst['max_abs_diff']:.2e} at {worst['stage']}: {verdict} {tolerance:g}")
+    return 0 if verdict == "within" else 1

@@ -27,8 +27,8 @@ from pathlib import Path
 from vlbert_core.model.config import VLBertConfig, visual_pixel_format
 
 from .reference import (
-    get_layout, golden_numbers, LAYOUTS, compare_stages, load_arrays, normalised_images, our_outputs,
-    reference_inputs, save_arrays, stage_table, write_reference_checkpoint,
+    get_layout, golden_numbers, LAYOUTS, compare_stages, load_arrays, normalised_images, our_outputs, report_stages,
+    reference_inputs, save_arrays, write_reference_checkpoint,
 )
 
 RUNNER = Path(__file__).with_name("authors_runner.py")
@@ -149,15 +149,8 @@ def verify(args) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     rows = verify(args)
-    print(f"{args.layout}: ours vs the authors' code ({args.checkpoint or args.stand_in}), fp32 on {os.cpu_count()} "
-          f"CPU cores")
-    print(stage_table(rows))
-    if args.json is not None:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
-    worst = max(rows, key=lambda r: r["max_abs_diff"])
-    verdict = "within" if worst["max_abs_diff"] <= TOLERANCE else "ABOVE"
-    print(f"largest difference {worst['max_abs_diff']:.2e} at {worst['stage']}: {verdict} {TOLERANCE:g}")
-    return 0 if verdict == "within" else 1
+    return report_stages(rows, f"{args.layout}: ours vs the authors' code ({args.checkpoint or args.stand_in}), fp32 on {os.cpu_count()} "
+          f"CPU cores", TOLERANCE, args.json)
 
 
 if __name__ == "__main__":

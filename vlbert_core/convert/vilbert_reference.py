@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from .reference import compare_stages, load_arrays, save_arrays, stage_table
+from .reference import compare_stages, load_arrays, report_stages, save_arrays
 
 RUNNER = Path(__file__).with_name("vilbert_authors_runner.py")
 TOLERANCE = 1e-4
@@ -247,14 +247,7 @@ def verify(args) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     rows = verify(args)
-    print(f"ViLBERT: ours vs the authors' code ({args.checkpoint or 'stand-in'}), fp32 on {os.cpu_count()} CPU cores")
-    print(stage_table(rows))
-    if args.json is not None:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
-    worst = max(rows, key=lambda r: r["max_abs_diff"])
-    verdict = "within" if worst["max_abs_diff"] <= TOLERANCE else "ABOVE"
-    print(f"largest difference {worst['max_abs_diff']:.2e} at {worst['stage']}: {verdict} {TOLERANCE:g}")
-    return 0 if verdict == "within" else 1
+    return report_stages(rows, f"ViLBERT: ours vs the authors' code ({args.checkpoint or 'stand-in'}), fp32 on {os.cpu_count()} CPU cores", TOLERANCE, args.json)
 
 
 if __name__ == "__main__":
