@@ -24,6 +24,20 @@ def repo() -> Path:
     return REPO
 
 
+@pytest.fixture(scope="module")
+def module_tmp_path(request, tmp_path_factory) -> Path:
+    """A directory for the runs one test module shares, removed when the module is done unless one of its
+    tests failed (VLBERT_KEEP_TEST_DIRS=1 keeps it anyway). The workflow runs write gigabytes, and a suite
+    that kept them all until the end would need over 20 GB of /tmp."""
+    import shutil
+
+    path = tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2])
+    failed_before = request.session.testsfailed
+    yield path
+    if request.session.testsfailed == failed_before and not os.environ.get("VLBERT_KEEP_TEST_DIRS"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _load_module(path: Path, module_name: str):
     import importlib.util
 

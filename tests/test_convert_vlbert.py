@@ -141,10 +141,11 @@ def test_bottom_up_without_its_converter_writes_nothing(tmp_path, monkeypatch):
 # ---- numerics on cut-down stand-ins ---------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def e2e(tmp_path_factory):
+def e2e(module_tmp_path):
     """(source arrays in fp32, converted model) of a cut-down vl-bert-base-e2e.model (fp16, as released),
     through the CLI."""
-    root = tmp_path_factory.mktemp("e2e")
+    root = module_tmp_path / "e2e"
+    root.mkdir()
     arrays = write_released(cut_down(load("vl-bert-base-e2e")), root / "vl-bert-base-e2e.model")
     assert main(["vl-bert", str(root / "vl-bert-base-e2e.model"), str(root / "model"), "--bert-path", MINILM]) == 0
     source = {k: torch.from_numpy(v).float() if v.dtype.kind == "f" else torch.from_numpy(v) for k, v in arrays.items()}

@@ -15,7 +15,8 @@ import yaml
 from test_tensorboard import assert_events_match_metrics
 
 from vlbert_core.pretrain import pretrain
-from vlbert_core.pretrain.launch import Launch, distributed_command, pretrain_arguments
+from vlbert_core.pretrain.launch import (DistributedRunFailed, Launch, distributed_command, pretrain_arguments,
+                                        run_distributed)
 from vlbert_core.tensorboard_log import EVENTS_DIR
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,10 +56,10 @@ def _kwargs(world, bert: str, out: Path, per_rank_batch: int, streams_per_rank: 
                 seed=3, device="cpu")
 
 
-def _launch_two_processes(kwargs: dict, root: Path) -> None:
-    """Rule pretrain's path for pretrain.launch {nodes: 1, processes_per_node: 2}: the config in a YAML file,
+def _two_process_command(kwargs: dict, root: Path) -> list[str]:
+    """Rule pretrain's command for pretrain.launch {nodes: 1, processes_per_node: 2}: the config in a YAML file,
     `torchrun --standalone --nproc-per-node=2 -m vlbert_core.pretrain ...`."""
-    config_file = root / "launch_config.yaml"
+    config_file = Path(kwargs["out_dir"]).with_name(Path(kwargs["out_dir"]).name + "_config.yaml")
     config_file.write_text(yaml.safe_dump({"model": kwargs["model_cfg"], "pretrain": kwargs["pretrain_cfg"],
                                            "seed": kwargs["seed"], "device": kwargs["device"]}))
     command = distributed_command(Launch(nodes=1, processes_per_node=2), pretrain_arguments(
@@ -66,10 +67,21 @@ def _launch_two_processes(kwargs: dict, root: Path) -> None:
         roi_parquets=kwargs["roi_parquets"], text_shards=kwargs["text_shards"], detector=kwargs["detector_path"],
         out_dir=kwargs["out_dir"]))
     assert "--standalone" in command  # one node: a local rendezvous, on loopback
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return command
+
+
+@pytest.fixture
+def launch_environment(monkeypatch):
+    """The environment torchrun's processes inherit: no rank variables of an outer launch, gloo on loopback."""
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
+        monkeypatch.setenv(name, value)
+
+
+def _launch_two_processes(kwargs: dict, root: Path) -> None:
+    """The rule's path: run_distributed, torchrun's output in a log file."""
+    run_distributed(_two_process_command(kwargs, root), root / f"{Path(kwargs['out_dir']).name}.log", kwargs["out_dir"])
 
 
 def _weights(out: Path) -> dict[str, torch.Tensor]:
@@ -78,12 +90,9 @@ def _weights(out: Path) -> dict[str, torch.Tensor]:
     return load_file(str(out / "model.safetensors"))
 
 
-def test_two_process_ddp_matches_one_process_on_the_same_global_batch(world, tmp_path, monkeypatch):
+def test_two_process_ddp_matches_one_process_on_the_same_global_batch(world, tmp_path, launch_environment):
     bert = _dropout_free_bert(world, tmp_path)
     one, two = tmp_path / "one_process", tmp_path / "two_processes"
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # the tokenizer is used again in forked processes
     pretrain(**_kwargs(world, bert, one, per_rank_batch=4, streams_per_rank=2))
     _launch_two_processes(_kwargs(world, bert, two, per_rank_batch=2, streams_per_rank=1), tmp_path)
 
@@ -109,3 +118,78 @@ def test_two_process_ddp_matches_one_process_on_the_same_global_batch(world, tmp
     # TensorBoard: rank 0 alone writes the event files, with the records of metrics.jsonl
     assert len(list((two / EVENTS_DIR).iterdir())) == 1
     assert_events_match_metrics(two)
+
+
+def _rank_pid(out: Path, rank: int) -> int | None:
+    """The pid of rank `rank` of the launch writing to `out`: the process whose command line names `out` and whose
+    environment has RANK=<rank> (torchrun's own process has none)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            command_line = (proc / "cmdline").read_bytes().split(b"\0")
+            environment = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:   # gone meanwhile, or not ours
+            continue
+        if str(out).encode() in command_line and f"RANK={rank}".encode() in environment:
+            return int(proc.name)
+    return None
+
+
+def test_a_rank_killed_mid_step_fails_the_launch_naming_it_and_the_rerun_resumes(world, tmp_path, launch_environment):
+    """kill -9 to rank 1 of a running two-process pre-training: the launch ends within a bounded time (torchrun
+    stops rank 0; the collective timeout bounds it otherwise), fails with one message naming rank 1 and its log,
+    and the same command resumes from the last checkpoint and ends with an uninterrupted run's weights."""
+    import signal
+    import threading
+    import time
+
+    bert = _dropout_free_bert(world, tmp_path)
+    killed_out, straight_out = tmp_path / "killed", tmp_path / "straight"
+    # 40 steps (~0.1-0.2 s each here) after the first checkpoint at step 2: rank 1 dies long before the end.
+    settings = {"steps": 40, "checkpoint_every": 2, "collective_timeout_s": 20}
+    kwargs = _kwargs(world, bert, killed_out, per_rank_batch=2, streams_per_rank=1)
+    kwargs["pretrain_cfg"].update(settings)
+    command = _two_process_command(kwargs, tmp_path)
+
+    outcome: dict = {}
+
+    def launch() -> None:
+        try:
+            run_distributed(command, tmp_path / "killed.log", killed_out)
+        except DistributedRunFailed as failure:
+            outcome["failure"] = failure
+
+    thread = threading.Thread(target=launch)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 180
+        while not (killed_out / "checkpoint.pt").is_file():
+            assert thread.is_alive(), f"the launch ended before its first checkpoint: {outcome}"
+            assert time.monotonic() < deadline, "no checkpoint within 180 s"
+            time.sleep(0.05)
+        pid = _rank_pid(killed_out, 1)
+        assert pid is not None, "rank 1's process not found"
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+    finally:
+        thread.join(timeout=120)
+    assert not thread.is_alive(), "the launch did not end within 120 s of rank 1's death"
+    assert time.monotonic() - killed < 60
+    message = str(outcome.get("failure"))
+    assert "rank 1 (local rank 1" in message and "killed by SIGKILL" in message, message
+    assert str(killed_out / "pretrain.rank1.log") in message and "resumes from" in message, message
+    assert "\n" not in message
+    stopped_at = torch.load(killed_out / "checkpoint.pt", weights_only=True)["step"]
+    assert 2 <= stopped_at < settings["steps"] and not (killed_out / "model.safetensors").exists()
+
+    run_distributed(command, tmp_path / "rerun.log", killed_out)
+    assert f"at step {stopped_at}" in (killed_out / "pretrain.rank1.log").read_text()
+
+    straight = _kwargs(world, bert, straight_out, per_rank_batch=2, streams_per_rank=1)
+    straight["pretrain_cfg"].update(settings)
+    _launch_two_processes(straight, tmp_path)
+    want, got = _weights(straight_out), _weights(killed_out)
+    assert want.keys() == got.keys()
+    for key in want:
+        assert torch.equal(got[key], want[key]), key

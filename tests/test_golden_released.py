@@ -52,14 +52,15 @@ def mismatches(ours: dict[str, np.ndarray], record: dict) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory, bert_dir):
+def converted(module_tmp_path, bert_dir):
     """converted(layout) -> the directory of the layout's stand-in (the golden file's seed), converted once."""
     directories: dict[str, Path] = {}
 
     def convert(layout: str) -> Path:
         if layout not in directories:
             record, _ = golden(layout)
-            root = tmp_path_factory.mktemp(layout)
+            root = module_tmp_path / layout
+            root.mkdir()
             files = write_stand_in_files(MANIFESTS / f"{record['manifest']}.json", LAYOUTS[layout], root,
                                          record["seed"], bert_path=bert_dir)
             directories[layout] = convert_files(files, LAYOUTS[layout], root / "converted")

@@ -79,3 +79,55 @@ def test_pretrain_job_asks_slurm_for_the_launch(tmp_path):
     two_nodes = _planned_resources(tmp_path, "{nodes: 2, processes_per_node: 4}", "cuda")
     assert "nodes=2" in two_nodes and "tasks=2" in two_nodes and "mpi=srun" in two_nodes
     assert "slurm_extra=--gpus-per-node=4" in two_nodes and "tasks_per_gpu=0" in two_nodes
+
+
+# torchrun's failure summary as torch 2.13 prints it: rank 0 recorded first (it failed in its next collective, or
+# was stopped), rank 1 the one that was killed.
+TORCHRUN_FAILURE = """
+============================================================
+vlbert_core.pretrain FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-27_14:41:07
+  host      : node07
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 4242)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 4242
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-27_14:41:07
+  host      : node07
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 4241)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_a_failed_launch_names_the_killed_rank_before_those_that_failed_after_it(tmp_path):
+    from vlbert_core.pretrain.launch import distributed_failure
+
+    message = distributed_failure(TORCHRUN_FAILURE, 1, tmp_path)
+    assert message.startswith("rank 1 (local rank 1 on node07) was killed by SIGKILL"), message
+    assert "(then rank 0)" in message and str(tmp_path / "pretrain.rank1.log") in message
+    assert "starts from step 0" in message   # no checkpoint yet
+    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    assert f"resumes from {tmp_path / 'checkpoint.pt'}" in distributed_failure(TORCHRUN_FAILURE, 1, tmp_path)
+    # a rank that raised an error, alone
+    alone = TORCHRUN_FAILURE.split("Root Cause")[1]
+    assert distributed_failure(alone, 1, tmp_path).startswith("rank 0 (local rank 0 on node07) exited with status 1")
+    # torchrun itself failed (rendezvous, a bad argument): no rank to name
+    assert distributed_failure("usage: torchrun ...", 2, tmp_path).startswith("torchrun exited with status 2")
+
+
+def test_exit_statuses_of_ranks_read_as_what_happened():
+    from vlbert_core.pretrain.launch import exit_status_meaning
+
+    assert "killed by SIGKILL" in exit_status_meaning(-9)
+    assert exit_status_meaning(-11) == "was killed by SIGSEGV"
+    assert exit_status_meaning(143) == "stopped on SIGTERM after writing its checkpoint"
+    assert exit_status_meaning(1) == "exited with status 1"

@@ -27,7 +27,7 @@ DOWNLOAD = {"timeout_s": 5, "retries": 0, "threads": 1, "max_bytes": 100_000}
 
 
 @pytest.fixture(scope="module")
-def runs(world, tmp_path_factory):  # noqa: F811
+def runs(world, module_tmp_path):  # noqa: F811
     """A detector checkpoint, its RoIs of the eval splits (as rule extract_task_rois writes them), and a
     fine-tune of every task."""
     import torch
@@ -37,7 +37,8 @@ def runs(world, tmp_path_factory):  # noqa: F811
     from vlbert_core.tasks.registry import get_task
 
     root, sources = world
-    out = tmp_path_factory.mktemp("runs")
+    out = module_tmp_path / "runs"
+    out.mkdir()
     torch.manual_seed(0)
     detector = build_detector(TINY_DETECTOR_CFG, num_classes=3)
     torch.save({"config": TINY_DETECTOR_CFG, "categories": [{"id": i, "name": f"c{i}"} for i in (1, 2, 3)],

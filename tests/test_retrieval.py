@@ -52,12 +52,13 @@ def _write_rois(path: Path, keys: list[str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def flickr_world(tmp_path_factory):
+def flickr_world(module_tmp_path):
     """The tiny world of tests/test_world.py with Flickr30k (6 train, 1 val, 4 test images), RoI parquets of its
     train and test images, and a tiny pre-trained model of each family."""
     import torch
 
-    root = tmp_path_factory.mktemp("flickr_world")
+    root = module_tmp_path / "flickr_world"
+    root.mkdir()
     summary = generate_world({**TINY_WORLD, "flickr_images": FLICKR_IMAGES}, {**SOURCES, "flickr30k": FLICKR_SOURCES},
                              root, SEED, summary_path=Path("syn/world.json"))
     sources = {key: str(root / path) for key, path in FLICKR_SOURCES.items()}

@@ -4,8 +4,9 @@ The SLURM run starts a one-node cluster on this machine (.ci/slurm/start.sh: slu
 installed when missing; needs root), submits every job with sbatch through
 snakemake-executor-plugin-slurm, and stops the daemons at the end, also when the run fails. Its 97
 jobs took 48 minutes on 2 shared, busy cores (load average ~12): besides the work, each job starts
-Snakemake twice inside SLURM, and the plugin polls job states every few seconds. So it runs only
-with VLBERT_SLURM_TEST=1, as its own step of .ci/run:
+Snakemake twice inside SLURM, and the plugin polls job states every few seconds. While it runs, one
+pre-training job is requeued with `scontrol requeue` (what SLURM does at preemption): it must stop on SIGTERM
+with a checkpoint and resume from it. So it runs only with VLBERT_SLURM_TEST=1, as its own step of .ci/run:
 
     VLBERT_SLURM_TEST=1 uv run pytest tests/test_slurm.py
 
@@ -19,6 +20,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -159,22 +161,63 @@ def fit_to_cpu_node(set_resources: list[str], node_memory_mb: int) -> list[str]:
     return fitted
 
 
+# Pre-training long enough (ci: 4 steps) for a job to be requeued while it trains, after its first checkpoint.
+REQUEUE_CONFIG = {"pretrain": {"steps": 40}}
+
+
+def requeue_a_pretraining_job(workdir: Path, snakemake: subprocess.Popen, seconds: float = 3000) -> dict | None:
+    """What SLURM does at preemption, done with `scontrol requeue` to the first pre-training job seen training
+    after its first checkpoint: SIGTERM to the job's processes, SIGKILL after KillWait (30 s), the job back in the
+    queue. Returns the setting, the SLURM job id and the line the stopped job logged (None if no job was caught)."""
+    deadline = time.monotonic() + seconds
+    while snakemake.poll() is None and time.monotonic() < deadline:
+        running = subprocess.run(["squeue", "--noheader", "--states=RUNNING", "--format=%i|%k"],
+                                 capture_output=True, text=True, check=True).stdout.split()
+        for checkpoint in sorted(workdir.glob("results/pretrain/*/checkpoint.pt")):
+            setting = checkpoint.parent.name
+            jobs = [line.split("|")[0] for line in running if line.endswith(f"|rule_pretrain_wildcards_{setting}")]
+            if not jobs or (checkpoint.parent / "model.safetensors").exists():
+                continue
+            subprocess.run(["scontrol", "requeue", jobs[0]], check=True, capture_output=True, text=True)
+            # The job's log (logs/pretrain/<setting>.log) is started afresh when the requeued job runs: keep the
+            # stopped job's last word now.
+            log = workdir / "logs" / "pretrain" / f"{setting}.log"
+            stopped = None
+            while stopped is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+                lines = log.read_text().splitlines() if log.is_file() else []
+                stopped = next((line for line in lines if "stopped by SIGTERM" in line), None)
+            return {"setting": setting, "job_id": jobs[0], "stopped_line": stopped}
+        time.sleep(0.5)
+    return None
+
+
 @pytest.fixture(scope="module")
 def slurm_run(slurm_cluster, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("slurm_run")
+    requeue_config = workdir.parent / "requeue.yaml"
+    requeue_config.write_text(yaml.safe_dump(REQUEUE_CONFIG))
     profile = render_profile(SLURM_PROFILE, CLUSTER_ENV)
     overrides = fit_to_cpu_node(profile["set-resources"], slurm_cluster["node_memory_mb"])
     env = {name: value for name, value in os.environ.items() if name not in PROFILE_ENV_VARS} | CLUSTER_ENV
+    configfiles = [str(CI_CONFIG), str(requeue_config)]
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), *TARGETS,
-           "--profile", "profiles/slurm", "--configfile", str(CI_CONFIG),
+           "--profile", "profiles/slurm", "--configfile", *configfiles,
            # 4 jobs queued at once keep SLURM's 2 CPUs busy while Snakemake polls; SLURM runs what fits.
            "--jobs", "4",
            # No accounting database here, so job states come from squeue, and early polls keep it short.
            "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "2",
            "--slurm-keep-successful-logs",  # the test reads every job's SLURM log
            "--set-resources", *overrides]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=5400)
-    out = proc.stdout + proc.stderr
+    with open(workdir.parent / "slurm_run.out", "w+") as output:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT, text=True)
+        try:
+            requeued = requeue_a_pretraining_job(workdir, proc)
+            proc.wait(timeout=5400)
+        finally:
+            proc.kill()
+        output.seek(0)
+        out = output.read()
     if proc.returncode != 0:
         job_logs = sorted((workdir / ".snakemake" / "slurm_logs").glob("**/*.log"), key=lambda p: p.stat().st_mtime)
         tails = "\n".join(f"== {p}\n{p.read_text()[-2000:]}" for p in job_logs[-3:])
@@ -188,7 +231,8 @@ def slurm_run(slurm_cluster, tmp_path_factory):
         job_id, state, partition, account, comment = line.split("|")
         rule = re.fullmatch(r"rule_(.+?)(?:_wildcards_.*)?", comment).group(1)
         slurm_jobs[job_id] = {"state": state, "partition": partition, "account": account, "rule": rule}
-    return {"workdir": workdir, "out": out, "slurm_jobs": slurm_jobs}
+    return {"workdir": workdir, "out": out, "slurm_jobs": slurm_jobs, "requeued": requeued,
+            "configfiles": configfiles}
 
 
 def planned_jobs(out: str) -> dict[str, int]:
@@ -235,3 +279,40 @@ def test_the_tables_and_the_report_came_out(slurm_run):
     assert [row["setting"] for row in measured] == ["none", "a", "b", "c", "d", "full"]
     assert all(float(row["vqa_test_dev"]) >= 0 for row in measured)
     assert (results / "report" / "index.html").stat().st_size > 0
+
+
+@needs_slurm_run
+def test_a_requeued_pretraining_job_resumes_its_sigterm_checkpoint_to_an_uninterrupted_runs_weights(
+        slurm_run, tmp_path):
+    """`scontrol requeue` on a running pre-training job (SLURM's preemption): SIGTERM makes it write a checkpoint
+    and exit; the requeued job (the same SLURM job id) resumes there and the run goes on to its tables. Its weights
+    are those of the same job run again here without interruption, so every table downstream is too."""
+    from safetensors.torch import load_file
+
+    requeued = slurm_run["requeued"]
+    assert requeued is not None, "no pre-training job was caught training after its first checkpoint"
+    setting, workdir = requeued["setting"], slurm_run["workdir"]
+    stopped = re.search(r"stopped by SIGTERM after step (\d+); checkpoint written", requeued["stopped_line"] or "")
+    assert stopped, f"the requeued job logged no SIGTERM stop: {requeued}"
+    step = int(stopped.group(1))
+    assert 2 <= step < REQUEUE_CONFIG["pretrain"]["steps"]
+    log = (workdir / "logs" / "pretrain" / f"{setting}.log").read_text()
+    assert f"at step {step}" in log and "resumed from" in log, log[-3000:]
+    assert slurm_run["slurm_jobs"][requeued["job_id"]]["state"] == "COMPLETED"
+
+    # The same job, uninterrupted, in a copy of the run's directory (files hard-linked; its outputs removed)
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    for name in ("results", "resources"):
+        subprocess.run(["cp", "-al", str(workdir / name), str(reference / name)], check=True)
+    subprocess.run(["rm", "-r", str(reference / "results" / "pretrain" / setting)], check=True)
+    target = f"results/pretrain/{setting}/model.safetensors"
+    done = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(reference),
+                           target, "--cores", "1", "--configfile", *slurm_run["configfiles"]],
+                          cwd=REPO, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert planned_jobs(done.stderr) == {"pretrain": 1}, done.stderr[-4000:]  # that job only
+    want, got = load_file(str(reference / target)), load_file(str(workdir / target))
+    assert want.keys() == got.keys()
+    for key in want:
+        assert (want[key] == got[key]).all(), key

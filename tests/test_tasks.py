@@ -323,9 +323,10 @@ DETECTED = [[3, 2, 21, 19], [0, 0, 10, 10], [24, 5, 44, 29], [6, 20, 29, 38]]
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(module_tmp_path):
     """A few images and records of each dataset in the official formats, plus task RoI parquets."""
-    root = tmp_path_factory.mktemp("world")
+    root = module_tmp_path / "world"
+    root.mkdir()
     sources = {
         "vqa": {"questions": str(root / "vqa/v2_OpenEnded_mscoco_{split}2014_questions.json"),
                 "annotations": str(root / "vqa/v2_mscoco_{split}2014_annotations.json"),
@@ -647,10 +648,17 @@ def test_a_vcr_model_fine_tuned_on_the_mean_text_output_keeps_reading_it(world, 
 # ---------------------------------------------------------------- the Snakemake entry points
 
 
-def test_finetune_resume_matches_straight_run(world, tmp_path, caplog):
+def test_finetune_stopped_by_sigterm_resumes_to_the_straight_run(world, tmp_path, caplog, monkeypatch):
+    """SIGTERM (what SLURM sends at preemption or the time limit) mid-training: the job finishes the step, writes
+    its checkpoint and exits 143; run again, it resumes there and ends with the straight run's weights."""
+    import signal
+
     import torch
     from safetensors.torch import load_file
     from test_tensorboard import assert_events_match_metrics
+
+    import vlbert_core.tasks.finetune as finetune_module
+    from vlbert_core.preemption import TrainingStopped
 
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     # tune_frcnn: no cache of frozen RoI features. With the cache, a resumed run computes afresh the features
@@ -660,7 +668,23 @@ def test_finetune_resume_matches_straight_run(world, tmp_path, caplog):
     meta = _finetune(world, "vqa", straight, **hp)
     assert meta["total_steps"] > meta["steps_per_epoch"] + 1 and not (straight / "checkpoint.pt").exists()
     stop = meta["steps_per_epoch"] + 1  # inside the second epoch: the data order resumes mid-permutation
-    assert _finetune(world, "vqa", interrupted, **hp, stop_after_step=stop)["stopped"]
+
+    class SigtermDuringStep(finetune_module.Progress):
+        """A real SIGTERM to this process while step `stop` is running (the progress bar moves inside the step)."""
+
+        def update(self, n=1):
+            super().update(n)
+            if self.n == stop:
+                signal.raise_signal(signal.SIGTERM)
+
+    handler_before = signal.getsignal(signal.SIGTERM)
+    with monkeypatch.context() as patched:
+        patched.setattr(finetune_module, "Progress", SigtermDuringStep)
+        with pytest.raises(TrainingStopped) as stopped:
+            _finetune(world, "vqa", interrupted, **hp)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert f"stopped by SIGTERM after step {stop}" in str(stopped.value)
+    assert signal.getsignal(signal.SIGTERM) == handler_before   # the loop's handler is gone with the loop
     assert torch.load(interrupted / "checkpoint.pt", weights_only=True)["step"] == stop
     assert not (interrupted / "model.safetensors").exists() and not (interrupted / "metrics.jsonl").exists()
     with caplog.at_level("INFO", logger="vlbert"):

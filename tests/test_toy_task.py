@@ -99,9 +99,10 @@ def toy_task():
 
 
 @pytest.fixture(scope="module")
-def toy_world(tmp_path_factory):
+def toy_world(module_tmp_path):
     """Two images per split, each with a matching and a non-matching caption; a tiny pre-trained model."""
-    root = tmp_path_factory.mktemp("toy")
+    root = module_tmp_path / "toy"
+    root.mkdir()
     sources = {"pairs": str(root / "pairs_{split}.jsonl"), "images": str(root / "images")}
     for split, first in (("train", 0), ("val", 10)):
         lines = []

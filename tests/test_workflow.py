@@ -38,8 +38,9 @@ def planned_rules(dry_run_output: str) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def ci_run(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("ci_run")
+def ci_run(module_tmp_path):
+    workdir = module_tmp_path / "ci_run"
+    workdir.mkdir()
     proc = snakemake(workdir, "--configfile", str(CI_CONFIG), "--cores", "2", TARGET, REPORT, COMPARISON)
     if proc.returncode != 0:
         logs = "\n".join(f"== {p}\n{p.read_text()[-3000:]}" for p in sorted(workdir.glob("logs/**/*.log"))[-5:])

@@ -1,4 +1,5 @@
-"""The one way this project writes a parquet file: buffered, row group by row group, and atomically."""
+"""The one way this project writes a parquet file: buffered, row group by row group, atomically, and with a
+checksum in every page (read back by vlbert_core/damaged.py)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ class AtomicParquetWriter:
     def __enter__(self) -> "AtomicParquetWriter":
         self._atomic = atomic_path(self.path)
         tmp = self._atomic.__enter__()
-        self._writer = pq.ParquetWriter(tmp, self.schema)
+        # A CRC32 per page lets a reader tell a page whose bytes changed on disk (damaged.read_parquet_table),
+        # which parquet would otherwise decode into other values without a word.
+        self._writer = pq.ParquetWriter(tmp, self.schema, write_page_checksum=True)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:

@@ -23,8 +23,8 @@ from typing import Any, Mapping
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from .damaged import read_parquet_footer, read_parquet_schema, read_parquet_table
 from .parquet import AtomicParquetWriter
 
 METADATA_KEY = "vlbert_rois"  # parquet key-value metadata: where the RoIs came from, row counts per status
@@ -196,17 +196,18 @@ def read_rois(parquet: str | os.PathLike, *, arrays: bool = True, keep_boxes: in
     arrays=False reads the scalar columns only (key, status, error, sizes, counts), for callers that
     count RoIs. keep_boxes keeps the first (highest-scoring) boxes of each row. Checks, naming the
     file, row and key: the columns are there, statuses are known, keys are unique, num_classes is the
-    same on every row, an ok row has a positive image size, and each row's arrays fit num_boxes.
+    same on every row, an ok row has a positive image size, and each row's arrays fit num_boxes. A file
+    cut short or changed on disk raises damaged.DamagedFile, which names the rule that writes it again.
     """
     parquet = Path(parquet)
     if not parquet.is_file():
         raise FileNotFoundError(f"RoI parquet {parquet} does not exist")
     wanted = list(ROI_SCHEMA.names) if arrays else list(SCALAR_COLUMNS)
-    names = pq.read_schema(parquet).names
+    names = read_parquet_schema(parquet).names
     missing = [name for name in wanted if name not in names]
     if missing:
         raise ValueError(f"{parquet}: not a RoI parquet, missing columns {missing}")
-    rows = pq.read_table(parquet, columns=wanted).to_pydict()
+    rows = read_parquet_table(parquet, columns=wanted).to_pydict()
     records: dict[str, RoIRecord] = {}
     file_classes: int | None = None
     for i, key in enumerate(rows["key"]):
@@ -246,6 +247,6 @@ def read_rois(parquet: str | os.PathLike, *, arrays: bool = True, keep_boxes: in
 
 def read_rois_metadata(parquet: str | os.PathLike) -> dict[str, Any]:
     """The `vlbert_rois` metadata of a RoI parquet (source, counts); {} for files written without it."""
-    raw = pq.ParquetFile(parquet).metadata.metadata or {}  # the footer's key-value metadata
+    raw = read_parquet_footer(parquet).metadata or {}  # the footer's key-value metadata
     value = raw.get(METADATA_KEY.encode())
     return json.loads(value) if value else {}

@@ -11,6 +11,7 @@ from typing import Any, Mapping, NamedTuple
 
 from vlbert_core.progress import Progress
 
+from vlbert_core.damaged import CC_STATS_KEY, shard_record
 from vlbert_core.data import status as st
 from vlbert_core.data.downloader import Downloader
 from vlbert_core.data.logger import ShardAccounting, write_stats
@@ -95,7 +96,8 @@ def download_cc_shard(
 
     Writes `out_tar` (samples KEY.jpg / KEY.txt / KEY.json, KEY = f"{split}-{row:09d}", in row
     order), `out_parquet` (one row per TSV row of the shard: row, key, url, caption, status,
-    error) and `out_stats` (counts per status, rows_in, ok, failed). Raises when a shard fetched
+    error) and `out_stats` (counts per status, rows_in, ok, failed, and under `tar` the tar's size and
+    sha256, which its readers check: vlbert_core/damaged.py). Raises when a shard fetched
     URLs and got no image at all, which means a broken source or network rather than dead links.
     """
     if not re.fullmatch(r"[A-Za-z0-9_]+", split):
@@ -166,6 +168,7 @@ def download_cc_shard(
 
     accounting.write_parquet(out_parquet)
     failed_accounting_path(out_parquet).unlink(missing_ok=True)   # an earlier failed attempt's record
+    stats[CC_STATS_KEY] = shard_record(out_tar)
     write_stats(stats, out_stats)
     elapsed = time.monotonic() - started
     log.info(

@@ -16,13 +16,15 @@ comments, galleries/math, File/Image/Category and interlanguage links and the se
 are removed, as are the appendix sections (References, See also, External links...); link
 labels and the text of formatting tags remain.
 
-The accounting parquet has one row per input unit (page, or book document) with its status.
+The accounting parquet has one row per input unit (page, or book document) with its status, and the size
+and sha256 of every shard in its key-value metadata.
 """
 
 from __future__ import annotations
 
 import bz2
 import contextlib
+import json
 import multiprocessing
 import multiprocessing.pool
 import os
@@ -38,6 +40,7 @@ import mwparserfromhell
 import pyarrow as pa
 from vlbert_core.progress import Progress
 
+from vlbert_core.damaged import TEXT_SHARDS_METADATA_KEY, shard_record
 from vlbert_core.data.writer import TarShardWriter, encode_json, text_key
 from vlbert_core.parquet import AtomicParquetWriter
 from vlbert_core.utils import get_logger
@@ -402,7 +405,8 @@ def shard_text_corpus(
     processes: int = 1,
 ) -> dict[str, int]:
     """Write the corpus's documents round robin into `out_tars` (shard i = out_tars[i]) and the
-    per-page/document accounting parquet; return counts per status.
+    per-page/document accounting parquet, whose key-value metadata `vlbert_shards` holds each tar's size and
+    sha256 (vlbert_core/damaged.py); return counts per status.
 
     With processes > 1, Wikipedia markup is stripped in that many worker processes; the output
     is the same bytes either way.
@@ -417,31 +421,35 @@ def shard_text_corpus(
         raise ValueError(f"processes must be >= 1, got {processes}")
     num_shards = len(out_tars)
     counts = {name: 0 for name in TEXT_STATUSES}
-    with contextlib.ExitStack() as stack:
-        writers = [stack.enter_context(TarShardWriter(path)) for path in out_tars]
-        # enwiki has over 20M pages: rows go to the file 100k at a time
-        accounting = stack.enter_context(AtomicParquetWriter(out_accounting, ACCOUNTING_SCHEMA, rows_per_group=100_000))
-        pool = None
-        if processes > 1 and corpus == "wiki":
-            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(processes))
-        units = iter_text_units(corpus, source, sentences_per_doc, pool)
-        unit_name = "doc" if corpus == "books" else "page"
-        for index, unit in enumerate(Progress(units, desc=corpus, unit=unit_name, mininterval=2.0)):
-            key, shard = "", -1
-            if unit.status == KEPT:
-                kept = counts[KEPT]
-                key, shard = text_key(corpus, kept), kept % num_shards
-                meta = {"source": corpus, "file": unit.file, "title": unit.title, "id": unit.id}
-                writers[shard].write(key, {"txt": "\n".join(unit.sentences) + "\n", "json": encode_json(meta)})
-            counts[unit.status] += 1
-            accounting.add_row(
-                (index, unit.file, unit.id, unit.title, unit.status, unit.reason, key, shard, len(unit.sentences))
-            )
-        total = sum(counts.values())
-        if counts[KEPT] == 0:
-            raise ValueError(f"{source}: no {corpus} document survived parsing ({total} pages/documents read)")
-        empty = [str(path) for path, writer in zip(out_tars, writers) if writer.count == 0]
-        if empty:
-            log.warning("%s: %d kept documents leave shards empty: %s", corpus, counts[KEPT], empty)
+    # enwiki has over 20M pages: rows go to the file 100k at a time
+    with AtomicParquetWriter(out_accounting, ACCOUNTING_SCHEMA, rows_per_group=100_000) as accounting:
+        with contextlib.ExitStack() as stack:
+            writers = [stack.enter_context(TarShardWriter(path)) for path in out_tars]
+            pool = None
+            if processes > 1 and corpus == "wiki":
+                pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(processes))
+            units = iter_text_units(corpus, source, sentences_per_doc, pool)
+            unit_name = "doc" if corpus == "books" else "page"
+            for index, unit in enumerate(Progress(units, desc=corpus, unit=unit_name, mininterval=2.0)):
+                key, shard = "", -1
+                if unit.status == KEPT:
+                    kept = counts[KEPT]
+                    key, shard = text_key(corpus, kept), kept % num_shards
+                    meta = {"source": corpus, "file": unit.file, "title": unit.title, "id": unit.id}
+                    writers[shard].write(key, {"txt": "\n".join(unit.sentences) + "\n", "json": encode_json(meta)})
+                counts[unit.status] += 1
+                accounting.add_row(
+                    (index, unit.file, unit.id, unit.title, unit.status, unit.reason, key, shard, len(unit.sentences))
+                )
+            total = sum(counts.values())
+            if counts[KEPT] == 0:
+                raise ValueError(f"{source}: no {corpus} document survived parsing ({total} pages/documents read)")
+            empty = [str(path) for path, writer in zip(out_tars, writers) if writer.count == 0]
+            if empty:
+                log.warning("%s: %d kept documents leave shards empty: %s", corpus, counts[KEPT], empty)
+        # the tars are complete under their names: the accounting's footer records their sizes and checksums,
+        # which their readers check (vlbert_core/damaged.py)
+        records = {Path(path).name: shard_record(path) for path in out_tars}
+        accounting.add_key_value_metadata({TEXT_SHARDS_METADATA_KEY: json.dumps(records, sort_keys=True)})
     log.info("%s from %s: %d units, %s; %d shards", corpus, source, total, counts, num_shards)
     return counts

@@ -19,6 +19,7 @@ from torchvision.ops import boxes as box_ops
 from vlbert_core.progress import Progress
 from webdataset.tariterators import base_plus_ext
 
+from ..damaged import read_shard_samples
 from ..images import DEFAULT_MAX_PIXELS, checked_max_pixels
 from ..rois import STATUS_DECODE_ERROR, STATUS_MISSING_FILE, STATUS_OK, RoIParquetWriter
 from ..utils import get_logger
@@ -245,15 +246,14 @@ def read_cc_shard(tar_path: str | os.PathLike) -> Iterator[tuple[str, bytes]]:
     The samples are webdataset's own (`tarfile_to_samples`, as pre-training reads the same shards), so
     the RoI rows carry the keys pre-training looks up. A member whose name has no extension (webdataset
     would drop it), a file name twice in one sample, or a sample without an image member means a
-    broken shard and raises.
+    broken shard and raises; a tar damaged on disk raises DamagedFile (vlbert_core/damaged.py).
     """
     def check_member(name: str) -> str:
         if base_plus_ext(name)[0] is None:
             raise ValueError(f"{tar_path}: member {name!r} has no extension, so it belongs to no sample")
         return name
 
-    pipeline = wds.DataPipeline(wds.SimpleShardList([str(tar_path)]), wds.tarfile_to_samples(rename_files=check_member))
-    for sample in pipeline:
+    for sample in read_shard_samples([tar_path], verify_checksum=True, rename_files=check_member):
         image_ext = next((ext for ext in IMAGE_EXTENSIONS if ext in sample), None)
         if image_ext is None:
             raise ValueError(f"{tar_path}: sample {sample['__key__']!r} has no image member ({'/'.join(IMAGE_EXTENSIONS)})")

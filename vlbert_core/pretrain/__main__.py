@@ -19,6 +19,8 @@ from pathlib import Path
 
 from vlbert_core.utils import read_yaml, setup_compute, setup_logging
 
+from .launch import RANK_LOG
+
 
 def merge(base: dict, override: dict) -> dict:
     """Nested dicts merged key by key (override wins), as Snakemake merges --configfile over configfile."""
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
         if key not in config:
             raise KeyError(f"the merged --config files {[str(p) for p in args.config]} have no '{key}'")
     rank = int(os.environ.get("RANK", "0"))
-    setup_logging(args.log or args.out / f"pretrain.rank{rank}.log")
+    setup_logging(args.log or args.out / RANK_LOG.format(rank=rank))
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     setup_compute(args.threads or max(1, (os.cpu_count() or 1) // local_processes))
     from .loop import pretrain

@@ -18,6 +18,7 @@ Held-out captions: the first `held_out_per_shard` samples of every CC shard neve
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 from collections import Counter
@@ -29,11 +30,13 @@ import numpy as np
 import torch
 import webdataset as wds
 
+from vlbert_core.damaged import read_shard_samples
 from vlbert_core.model import VLBertBatch, build_input_sequence, collate_samples, image_to_tensor
 from vlbert_core.detector.pixels import DEFAULT_PIXEL_FORMAT
 from vlbert_core.images import DEFAULT_MAX_PIXELS, load_rgb
 from vlbert_core.model.batch import fit_image
 from vlbert_core.model.inputs import IGNORE_INDEX, boxes_with_whole_image
+from vlbert_core.preemption import leave_quietly_on_stop_signals
 from vlbert_core.rois import RoIRecord, read_rois
 from vlbert_core.utils import get_logger
 
@@ -146,7 +149,9 @@ def _drop_shard_prefix(count: int):
 def _epoch_pipeline(urls: list[str], seed: int, stream: int, source: int, epoch: int,
                     held_out_per_shard: int = 0) -> Iterator[dict]:
     order = np.random.default_rng([seed, stream, source, epoch]).permutation(len(urls))
-    stages = [wds.SimpleShardList([urls[i] for i in order]), wds.tarfile_to_samples()]
+    # a stream reads its shards whole, epoch after epoch: each one's sha256 is verified once per process
+    # (vlbert_core/damaged.py says why), its size on every open
+    stages = [functools.partial(read_shard_samples, [urls[i] for i in order], verify_checksum=True)]
     if held_out_per_shard:
         stages.append(_drop_shard_prefix(held_out_per_shard))
     stages.append(wds.shuffle(SHUFFLE_BUFFER, SHUFFLE_INITIAL, rng=random.Random(f"{seed}/{stream}/{source}/{epoch}")))
@@ -184,8 +189,8 @@ def read_cc_samples(shard_pairs: list[tuple[str, str]], first: int, stop: int, c
     samples = []
     for url, parquet in shard_pairs:
         entries, _, _ = usable_cc_rois(parquet, cfg.max_rois - 1)
-        pipeline = wds.DataPipeline(wds.SimpleShardList([url]), wds.tarfile_to_samples())
-        for position, raw in enumerate(pipeline):
+        # the first samples of every shard only: its size is checked, its sha256 would cost a read of all of it
+        for position, raw in enumerate(read_shard_samples([url], verify_checksum=False)):
             if position >= stop:
                 break
             rois = entries.get(raw.get("__key__"))
@@ -526,8 +531,13 @@ class PretrainBatches:
                 self._states[j] = stream.state()
         else:
             if self._loader_iter is None:
+                # Its own generator: the DataLoader draws its workers' base seed from it instead of the global
+                # RNG, whose draws (dropout) a resumed run must repeat from its checkpoint; the streams keep
+                # their own random state.
                 loader = torch.utils.data.DataLoader(_StreamWorkers(self.streams), batch_size=None,
-                                                     num_workers=len(self.streams), collate_fn=_as_is)
+                                                     num_workers=len(self.streams), collate_fn=_as_is,
+                                                     worker_init_fn=leave_quietly_on_stop_signals,
+                                                     generator=torch.Generator().manual_seed(0))
                 self._loader_iter = iter(loader)
             for j in range(len(self.streams)):
                 part, self._states[j] = next(self._loader_iter)

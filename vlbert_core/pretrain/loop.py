@@ -19,6 +19,7 @@ import math
 import os
 import time
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -33,6 +34,7 @@ from vlbert_core.model.config import RELEASED_OPTION_KEYS, bert_fields_from_hf_c
 from vlbert_core.model.heads import save_pretraining_heads
 from vlbert_core.images import DEFAULT_MAX_PIXELS
 from vlbert_core.model_registry import from_pretrained, model_class
+from vlbert_core.preemption import StopSignals
 from vlbert_core.vilbert.config import ViLBertConfig
 from vlbert_core.optim import OptimizerSettings, build_optimizer, build_scheduler, warmup_linear_decay
 from vlbert_core.resume import (load_resume_checkpoint, previous_checkpoint, rng_state, run_fingerprint,
@@ -44,6 +46,7 @@ from .data import (
     CaptionImageStream, DataStream, PretrainBatches, StreamConfig, TextStream, pair_shards_with_rois, read_cc_samples,
     read_held_out_captions,
 )
+from .launch import DEFAULT_COLLECTIVE_TIMEOUT_S
 from .masking import MaskingVocab
 from .objectives import VLBertForPretraining, pretraining_module, target_counts
 from .settings import PretrainSetting, get_setting
@@ -126,13 +129,13 @@ def build_vilbert_config(model_cfg: Mapping[str, Any], detector_meta: Mapping[st
 CONFIG_BUILDERS = {"vlbert": build_vlbert_config, "vilbert": build_vilbert_config}
 
 
-def _init_distributed(device: str) -> tuple[int, int, torch.device]:
+def _init_distributed(device: str, collective_timeout_s: float) -> tuple[int, int, torch.device]:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return 0, 1, torch.device(device)
     use_cuda = device.startswith("cuda")
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=collective_timeout_s))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if use_cuda:
         torch.cuda.set_device(local_rank)
@@ -264,7 +267,8 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
     spec = get_setting(setting)
     _require(pretrain_cfg, PRETRAIN_KEYS, "pretrain")
     out = Path(out_dir)
-    rank, world_size, dev = _init_distributed(device)
+    rank, world_size, dev = _init_distributed(
+        device, float(pretrain_cfg.get("collective_timeout_s", DEFAULT_COLLECTIVE_TIMEOUT_S)))
     is_main = rank == 0
     seed_everything(seed)
 
@@ -333,7 +337,8 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
     trainable = [p for p in module.parameters() if p.requires_grad]
 
     fingerprint = run_fingerprint(setting=spec.to_dict(), seed=seed, world_size=world_size, model=dict(model_cfg),
-                               pretrain={k: v for k, v in pretrain_cfg.items() if k != "settings"},
+                               pretrain={k: v for k, v in pretrain_cfg.items()
+                                         if k not in ("settings", "collective_timeout_s")},
                                files=[*cc_shards, *roi_parquets, *(text_shards if spec.text_corpus else []), detector_path,
                                       *([] if init_from is None else [str(Path(init_from) / "model.safetensors")])])
     step, metrics, resumed_from = 0, [], None
@@ -379,50 +384,57 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
     train_module.train()
     log_every = max(1, steps // 20)
     progress = Progress(total=steps, initial=step, desc=f"pretrain {spec.name}", unit="step", disable=not is_main)
-    while step < steps:
-        started = time.perf_counter()
-        batch = next(batches).to(dev)
-        normalisers = None
-        if world_size > 1:  # each loss = this rank's sum / (global target count / world size): see objectives
-            normalisers = target_counts(batch)
-            dist.all_reduce(normalisers)
-            normalisers /= world_size
-        with autocast:
-            results = train_module(batch, normalisers)
-        optimizer.zero_grad(set_to_none=True)
-        results["loss"].backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, float(pretrain_cfg["clip_grad"]))
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
-        step += 1
-        seconds = time.perf_counter() - started
-        record = {"step": step, "lr": lr, "grad_norm": float(grad_norm), "seconds": round(seconds, 4),
-                  "samples_per_s": round(global_batch / seconds, 2)}
-        names = sorted(results)
-        stacked = torch.stack([results[k].detach().float() for k in names])
-        if world_size > 1:  # metrics are the mean over ranks
-            dist.all_reduce(stacked)
-            stacked /= world_size
-        values = dict(zip(names, stacked.tolist()))
-        if not all(math.isfinite(v) for k, v in values.items() if k.endswith("loss")):
-            raise FloatingPointError(f"setting {spec.name} step {step}: non-finite loss {values}")
-        # An accuracy is NaN when the batch had no target for it (e.g. no RoI drawn): null in JSON.
-        record.update({k: (v if math.isfinite(v) else None) for k, v in values.items()})
-        metrics.append(record)
-        events.write(record)
-        progress.update(1)
-        progress.set_postfix(loss=f"{record['loss']:.3f}", samples_s=record["samples_per_s"])
-        if step % log_every == 0 or step == steps:
-            log.info("step %d/%d %s", step, steps,
-                     " ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "step" and v is not None))
-        if step % int(pretrain_cfg["checkpoint_every"]) == 0 or step == steps or step == stop_after_step:
-            save_checkpoint()
-        if step == stop_after_step:
-            progress.close()
-            events.close()
-            log.info("stopping after step %d as asked (checkpoint written)", step)
-            return {"setting": spec.name, "steps": step, "stopped": True, "resumed_from": resumed_from}
+    with StopSignals() as stop:
+        while step < steps:
+            started = time.perf_counter()
+            batch = next(batches).to(dev)
+            normalisers = None
+            if world_size > 1:  # each loss = this rank's sum / (global target count / world size): see objectives
+                normalisers = target_counts(batch)
+                dist.all_reduce(normalisers)
+                normalisers /= world_size
+            with autocast:
+                results = train_module(batch, normalisers)
+            optimizer.zero_grad(set_to_none=True)
+            results["loss"].backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(trainable, float(pretrain_cfg["clip_grad"]))
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            seconds = time.perf_counter() - started
+            record = {"step": step, "lr": lr, "grad_norm": float(grad_norm), "seconds": round(seconds, 4),
+                      "samples_per_s": round(global_batch / seconds, 2)}
+            names = sorted(results)
+            stacked = torch.stack([results[k].detach().float() for k in names])
+            if world_size > 1:  # metrics are the mean over ranks
+                dist.all_reduce(stacked)
+                stacked /= world_size
+            values = dict(zip(names, stacked.tolist()))
+            if not all(math.isfinite(v) for k, v in values.items() if k.endswith("loss")):
+                raise FloatingPointError(f"setting {spec.name} step {step}: non-finite loss {values}")
+            # An accuracy is NaN when the batch had no target for it (e.g. no RoI drawn): null in JSON.
+            record.update({k: (v if math.isfinite(v) else None) for k, v in values.items()})
+            metrics.append(record)
+            events.write(record)
+            progress.update(1)
+            progress.set_postfix(loss=f"{record['loss']:.3f}", samples_s=record["samples_per_s"])
+            if step % log_every == 0 or step == steps:
+                log.info("step %d/%d %s", step, steps,
+                         " ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "step" and v is not None))
+            stopping = step < steps and stop.requested(world_size)  # SIGTERM: SLURM preempts or hits the time limit
+            if (step % int(pretrain_cfg["checkpoint_every"]) == 0 or step == steps or step == stop_after_step
+                    or stopping):
+                save_checkpoint()
+            if stopping:
+                progress.close()
+                events.close()
+                raise stop.stop(f"pretrain {spec.name}", step, str(ckpt_path))
+            if step == stop_after_step:
+                progress.close()
+                events.close()
+                log.info("stopping after step %d as asked (checkpoint written)", step)
+                return {"setting": spec.name, "steps": step, "stopped": True, "resumed_from": resumed_from}
     progress.close()
 
     skipped = sum((Counter(s) for s in _gather(dict(batches.skipped()), world_size)), Counter())

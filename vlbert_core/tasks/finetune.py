@@ -39,6 +39,7 @@ from vlbert_core.model_registry import (CONFIG_FILE, MODEL_FILE, build_model, fr
                                         split_model_type)
 from vlbert_core.optim import (OptimizerSettings, build_optimizer, build_scheduler, warmup_linear_decay,
                                warmup_step_decay)
+from vlbert_core.preemption import StopSignals
 from vlbert_core.resume import (load_resume_checkpoint, remove_resume_checkpoints, rng_state, run_fingerprint,
                                 save_resume_checkpoint, set_rng_state)
 from vlbert_core.tensorboard_log import TrainingEvents
@@ -390,38 +391,44 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
     checkpoint_every = int(hp["checkpoint_every"])
     progress = Progress(total=plan["total_steps"], initial=step, desc=f"finetune {task}/{setting}/{schedule}",
                     mininterval=5.0)
-    while step < plan["total_steps"]:
-        epoch, batch, extras = next(batches)
-        batch = batch.to(device)
-        extras = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in extras.items()}
-        lr = scheduler.get_last_lr()[0]
-        loss, stats = model.loss(batch, extras)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"fine-tuning {task}: loss is {float(loss)} at step {step}")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(
-            [p for p in model.parameters() if p.requires_grad], float(hp["clip_grad"]))
-        optimizer.step()
-        scheduler.step()
-        step += 1
-        row = {"step": step, "epoch": epoch, "loss": loss.item(), "lr": lr,
-               "grad_norm": float(grad_norm), **stats,
-               "elapsed_s": round(seconds_before + time.perf_counter() - start, 3)}
-        records.append(row)
-        events.write(row)
-        progress.update(1)
-        progress.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
-        if step == 1 or step % max(1, plan["total_steps"] // 10) == 0:
-            log.info("step %d/%d loss %.4f lr %.3g %s", step, plan["total_steps"],
-                     loss.item(), lr, {k: round(v, 4) for k, v in stats.items()})
-        if (step % checkpoint_every == 0 and step < plan["total_steps"]) or step == stop_after_step:
-            save_checkpoint()
-        if step == stop_after_step:
-            progress.close()
-            events.close()
-            log.info("stopping after step %d as asked (checkpoint written)", step)
-            return {**meta, "stopped": True, "resumed_from": resumed_from}
+    with StopSignals() as stop:
+        while step < plan["total_steps"]:
+            epoch, batch, extras = next(batches)
+            batch = batch.to(device)
+            extras = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in extras.items()}
+            lr = scheduler.get_last_lr()[0]
+            loss, stats = model.loss(batch, extras)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"fine-tuning {task}: loss is {float(loss)} at step {step}")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = nn.utils.clip_grad_norm_(
+                [p for p in model.parameters() if p.requires_grad], float(hp["clip_grad"]))
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            row = {"step": step, "epoch": epoch, "loss": loss.item(), "lr": lr,
+                   "grad_norm": float(grad_norm), **stats,
+                   "elapsed_s": round(seconds_before + time.perf_counter() - start, 3)}
+            records.append(row)
+            events.write(row)
+            progress.update(1)
+            progress.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
+            if step == 1 or step % max(1, plan["total_steps"] // 10) == 0:
+                log.info("step %d/%d loss %.4f lr %.3g %s", step, plan["total_steps"],
+                         loss.item(), lr, {k: round(v, 4) for k, v in stats.items()})
+            stopping = step < plan["total_steps"] and stop.requested()  # SIGTERM: SLURM preempts or hits the time limit
+            if (step % checkpoint_every == 0 and step < plan["total_steps"]) or step == stop_after_step or stopping:
+                save_checkpoint()
+            if stopping:
+                progress.close()
+                events.close()
+                raise stop.stop(f"finetune {task}/{setting}/{schedule}", step, str(ckpt_path))
+            if step == stop_after_step:
+                progress.close()
+                events.close()
+                log.info("stopping after step %d as asked (checkpoint written)", step)
+                return {**meta, "stopped": True, "resumed_from": resumed_from}
     progress.close()
     events.close()
     meta["train_seconds"] = round(seconds_before + time.perf_counter() - start, 2)

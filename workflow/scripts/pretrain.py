@@ -1,11 +1,10 @@
 """Snakemake entry point: pre-train VL-BERT for one Table 4 setting, in this process or through torchrun."""
 
-import subprocess
 from pathlib import Path
 
 import yaml
 
-from vlbert_core.pretrain.launch import Launch, distributed_command, pretrain_arguments
+from vlbert_core.pretrain.launch import Launch, distributed_command, pretrain_arguments, run_distributed
 from vlbert_core.utils import get_logger, setup_compute, setup_logging
 
 
@@ -51,8 +50,7 @@ def main(smk) -> None:
     log = get_logger("pretrain.launch")
     log.info("%d nodes x %d processes; each rank logs to %s/pretrain.rank<RANK>.log; running: %s",
              launch.nodes, launch.processes_per_node, out_dir, " ".join(command))
-    with open(smk.log[0], "a") as log_file:
-        subprocess.run(command, check=True, stdout=log_file, stderr=subprocess.STDOUT)
+    run_distributed(command, smk.log[0], out_dir)
 
 
 if __name__ == "__main__":  # under Snakemake's script: directive `snakemake` is a global
