@@ -5,7 +5,7 @@ job runs, with the offending key named, or is valid and plans the whole Table 4 
 The mutated config is what a user would pass with `--configfile` (merged over config.yaml); missing
 keys cannot be expressed that way, so deletions are checked against the schema directly (the
 Snakefile validates the merged config with the same schema before anything else).
-Planning runs in one subprocess through Snakemake's API (about 1 s a plan instead of 5 s a process).
+Planning runs in two subprocesses through Snakemake's API (about 1 s a plan instead of 5 s a process).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCHEMA = str(REPO / "config" / "schema.yaml")
 NUM_MUTATIONS = 240
 SEED = 20261125
+PLANNER_PROCESSES = 2  # the CI machine's cores
 
 PLANNER = r'''
 import json, sys, traceback
@@ -171,15 +172,25 @@ def test_config_mutations_are_rejected_naming_the_key_or_plan(tmp_path):
         case["file"] = str(path)
         to_plan.append(case)
 
-    workdir = tmp_path / "work"
-    workdir.mkdir()
-    cases_file = tmp_path / "cases.json"
-    cases_file.write_text(json.dumps([{"file": c["file"]} for c in to_plan]))
-    proc = subprocess.run([sys.executable, "-c", PLANNER, str(REPO), str(workdir), str(cases_file)],
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) == len(to_plan)
+    # The plans in PLANNER_PROCESSES processes at once, each with its own share of the cases and working directory.
+    planners = []
+    for k in range(PLANNER_PROCESSES):
+        workdir = tmp_path / f"work{k}"
+        workdir.mkdir()
+        cases_file = tmp_path / f"cases{k}.json"
+        cases_file.write_text(json.dumps([{"file": c["file"]} for c in to_plan[k::PLANNER_PROCESSES]]))
+        planners.append((workdir, subprocess.Popen([sys.executable, "-c", PLANNER, str(REPO), str(workdir),
+                                                    str(cases_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                   text=True)))
+    shares = []
+    for workdir, planner in planners:
+        stdout, stderr = planner.communicate(timeout=900)
+        assert planner.returncode == 0, stderr[-3000:]
+        shares.append(json.loads(stdout.strip().splitlines()[-1]))
+    results = [None] * len(to_plan)
+    for k, share in enumerate(shares):
+        results[k::PLANNER_PROCESSES] = share
+    assert None not in results
     rejected = planned = 0
     for case, result in zip(to_plan, results):
         if result["ok"]:
@@ -191,6 +202,7 @@ def test_config_mutations_are_rejected_naming_the_key_or_plan(tmp_path):
             if not names_key(result["error"], case["path"]):
                 failures.append((case, f"rejected without naming the key: ...{result['error'][-600:]}"))
     # nothing ran: a rejected or planned config writes no job output
-    assert not (workdir / "results").exists() and not (workdir / "resources").exists()
+    for workdir, _ in planners:
+        assert not (workdir / "results").exists() and not (workdir / "resources").exists()
     assert rejected and planned, (rejected, planned)
     assert not failures, "\n".join(f"{c['kind']} {c['path']} {c.get('override')}: {why}" for c, why in failures[:15])

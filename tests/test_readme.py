@@ -227,13 +227,31 @@ def run_in_bash(command: Command, text: str, checkout: Path, tmp_path: Path):
                           timeout=300)
 
 
+def how_it_is_run(command: Command) -> str:
+    """A documented command as the test runs it: snakemake as a dry run, anything else with --help."""
+    return f"{command.text} -n" if command.program == "snakemake" else f"{command.text} --help"
+
+
+@pytest.fixture(scope="module")
+def command_runs(checkout, tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    """Every documented command (but torchrun's) run once, one per core at a time: each run is mostly Python
+    starting and importing, and one after the other they took 4 minutes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    runnable = [c for c in COMMANDS if c.program != "torchrun"]
+    tmp_dirs = [tmp_path_factory.mktemp("command") for _ in runnable]
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+        runs = pool.map(lambda c, tmp: run_in_bash(c, how_it_is_run(c), checkout, tmp), runnable, tmp_dirs)
+        return {c.text: proc for c, proc in zip(runnable, runs)}
+
+
 @pytest.mark.parametrize("command", COMMANDS, ids=[f"{c.source} {c.program}" for c in COMMANDS])
-def test_command_runs_as_written(command, checkout, tmp_path):
+def test_command_runs_as_written(command, command_runs):
     if command.program == "torchrun":
         check_torchrun_arguments(command.text)
         return
+    proc = command_runs[command.text]
     if command.program == "snakemake":
-        proc = run_in_bash(command, f"{command.text} -n", checkout, tmp_path)
         output = proc.stdout + proc.stderr
         words = program_words(command.text)
         after_run = [message for option, message in NEEDS_A_FINISHED_RUN.items() if option in words]
@@ -241,7 +259,6 @@ def test_command_runs_as_written(command, checkout, tmp_path):
             assert proc.returncode != 0 and after_run[0] in output, output[-3000:]
             return
     else:
-        proc = run_in_bash(command, f"{command.text} --help", checkout, tmp_path)
         output = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{command.source}: {command.text}\n{output[-3000:]}"
 
