@@ -1,4 +1,5 @@
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,37 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+# (working directory, Snakemake process) of tests/test_workflow.py's end-to-end run, once started
+CI_RUN = pytest.StashKey[tuple]()
+
+
+def pytest_collection_finish(session) -> None:
+    """Start the end-to-end run of tests/test_workflow.py (about 10 minutes of jobs on 2 cores) as soon as the
+    tests that read it are collected: it runs beside the other modules, whose single processes leave CPU time
+    over, instead of after them. Its fixture `ci_run` waits for it."""
+    if session.config.option.collectonly or not any(
+            item.path.name == "test_workflow.py" and "ci_run" in getattr(item, "fixturenames", ())
+            for item in session.items):
+        return
+    from test_workflow import start_ci_run
+
+    # The factory behind the tmp_path_factory fixture (no fixture can be asked for here): the run's directory
+    # lies in this session's base directory and goes with pytest's retention of it.
+    workdir = session.config._tmp_path_factory.mktemp("test_workflow") / "ci_run"
+    session.config.stash[CI_RUN] = (workdir, start_ci_run(workdir))
+
+
+def pytest_sessionfinish(session) -> None:
+    """An interrupted session does not leave the end-to-end run behind."""
+    _, proc = session.config.stash.get(CI_RUN, (None, None))
+    if proc is not None and proc.poll() is None:
+        proc.terminate()   # Snakemake stops its running jobs and exits
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 @pytest.fixture(scope="module")

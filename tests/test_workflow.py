@@ -3,6 +3,7 @@
 import base64
 import csv
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -37,16 +38,38 @@ def planned_rules(dry_run_output: str) -> dict[str, int]:
     return counts
 
 
+def start_ci_run(workdir: Path) -> subprocess.Popen:
+    """The end-to-end run of config/ci.yaml (Table 4, the report, the model comparison: ~170 jobs), in the
+    background; Snakemake's console goes to ci_run.stderr beside `workdir`. tests/conftest.py starts it as soon
+    as the tests are collected, so that it runs beside the other test modules rather than after them."""
+    workdir.mkdir(parents=True)
+    with open(workdir.parent / "ci_run.stderr", "w") as console:
+        return subprocess.Popen([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
+                                 "--configfile", str(CI_CONFIG), "--cores", "2", TARGET, REPORT, COMPARISON],
+                                stdout=subprocess.DEVNULL, stderr=console)
+
+
 @pytest.fixture(scope="module")
-def ci_run(module_tmp_path):
-    workdir = module_tmp_path / "ci_run"
-    workdir.mkdir()
-    proc = snakemake(workdir, "--configfile", str(CI_CONFIG), "--cores", "2", TARGET, REPORT, COMPARISON)
+def ci_run(request, module_tmp_path):
+    from conftest import CI_RUN
+
+    workdir, proc = request.config.stash.get(CI_RUN, (None, None))
+    if proc is None:   # not started at collection (tests/conftest.py): start it now
+        workdir = module_tmp_path / "ci_run"
+        proc = start_ci_run(workdir)
+    try:
+        proc.wait(timeout=1800)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        raise
     if proc.returncode != 0:
         logs = "\n".join(f"== {p}\n{p.read_text()[-3000:]}" for p in sorted(workdir.glob("logs/**/*.log"))[-5:])
-        pytest.fail(f"workflow failed:\n{proc.stderr[-6000:]}\n{logs}")
-    (workdir.parent / "ci_run.stderr").write_text(proc.stderr)
-    return workdir
+        console = (workdir.parent / "ci_run.stderr").read_text()
+        pytest.fail(f"workflow failed:\n{console[-6000:]}\n{logs}")
+    failed_before = request.session.testsfailed
+    yield workdir
+    if workdir.parent != module_tmp_path and request.session.testsfailed == failed_before:
+        shutil.rmtree(workdir.parent, ignore_errors=True)   # as module_tmp_path's own directory is
 
 
 def test_a_finished_run_ends_with_where_the_results_are(ci_run):
@@ -243,7 +266,13 @@ def test_the_pipeline_runs_on_imported_bottom_up_rois(ci_run, tmp_path):
     from vlbert_core.detector.bottom_up import TSV_FIELDS
 
     workdir = tmp_path / "run"
-    shutil.copytree(ci_run, workdir, symlinks=True)
+    # results/ and resources/ (GBs) hard-linked: every job writes its outputs under a new name and renames them,
+    # so the finished run's files stay as they are; Snakemake's records, logs and benchmarks are copied.
+    big = {"results", "resources"}
+    shutil.copytree(ci_run, workdir, symlinks=True, ignore=lambda folder, names: big & set(names)
+                    if Path(folder) == ci_run else set())
+    for name in big:
+        shutil.copytree(ci_run / name, workdir / name, symlinks=True, copy_function=os.link)
     rng = np.random.default_rng(0)
     sizes = {}
     for split in ("train", "val"):

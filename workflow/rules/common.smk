@@ -312,7 +312,9 @@ def in_paper_tables(task):
     """Whether the task has columns in Tables 1-4; a config-declared task has its own table (custom.smk), and
     retrieval is in the model comparison's (compare.smk)."""
     cls = get_task(task)
-    return task not in config_task_names() and bool(cls.paper_table or cls.ablation_columns)
+    return task not in config_task_names() and bool(
+        cls.paper_table or cls.ablation_columns
+    )
 
 
 def report_figure(name):
