@@ -400,13 +400,20 @@ def test_heads_on_labelled_positions_only_equal_the_full_sequence_computation(wo
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("setting", ["d", "full"])
-def test_caption_and_text_rows_encoded_apart_equal_one_padded_pass(world, tokenizer, setting):
-    """encode_by_kind: the <Caption, Image> rows and the <Text, ∅> rows are each encoded at their own
-    length; at every real element the outputs, and every gradient (the tuned visual network's in `full`),
-    equal one padded pass."""
-    from vlbert_core.pretrain.objectives import encode_by_kind
+def padded_encoder_pass(encoder, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The encoder's layers on the padded batch as it is, every element through every projection: what
+    VLBertEncoder computed before it packed the real elements (PackedLayout)."""
+    attend = attention_mask[:, None, None, :]
+    for layer in encoder.layers:
+        x = layer(x, attend)
+    return x
 
+
+@pytest.mark.parametrize("setting", ["d", "full"])
+def test_packed_encoder_equals_one_padded_pass(world, tokenizer, setting):
+    """A batch of short <Caption, Image> rows and long <Text, ∅> rows: the encoder, which runs its projections
+    on the real elements only, gives at every real element the outputs, and every parameter the gradient, of
+    one padded pass (the tuned visual network's too in `full`)."""
     spec = get_setting(setting)
     detector, meta = load_detector(world["detector"])
     config = build_vlbert_config(model_cfg(world), meta, tune_frcnn=spec.tune_frcnn)
@@ -416,23 +423,55 @@ def test_caption_and_text_rows_encoded_apart_equal_one_padded_pass(world, tokeni
     inputs = next(PretrainBatches([DataStream(cc, text, 4, 4)])).inputs
     lengths = inputs.attention_mask.sum(1)
     longest = sorted(int(lengths[rows].max()) for rows in (inputs.has_image, ~inputs.has_image))
-    assert longest[0] < longest[1] == inputs.input_ids.shape[1]     # one kind is cut shorter
-    text_part = inputs.select_rows((~inputs.has_image).nonzero(as_tuple=True)[0])
-    assert text_part.images is None and text_part.boxes is None and not bool(text_part.has_image.any())
+    assert longest[0] < longest[1] == inputs.input_ids.shape[1]     # the caption rows carry padding
 
+    packed_encoder = model.encoder.forward
     probe = torch.randn(*inputs.input_ids.shape, config.hidden_size, generator=torch.Generator().manual_seed(1))
     outputs, grads = [], []
-    for encode in (encode_by_kind, lambda m, b: m.encode(b).sequence_output):
+    for encoder in (packed_encoder, lambda x, mask: padded_encoder_pass(model.encoder, x, mask)):
+        model.encoder.forward = encoder
         model.zero_grad(set_to_none=True)
-        hidden = encode(model, inputs)
+        hidden = model.encode(inputs).sequence_output
         (hidden * probe * inputs.attention_mask[..., None]).sum().backward()
         outputs.append(hidden.detach()[inputs.attention_mask])
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert not bool(outputs[0].eq(0).all(-1).any())
     torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
     assert set(grads[0]) == set(grads[1])
     assert any(n.startswith("visual_network.") for n in grads[0]) == spec.tune_frcnn
     for name in grads[1]:
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_packed_encoder_trains_to_the_weights_of_padded_passes(world, tokenizer):
+    """Setting full (visual network tuned), three AdamW steps on batches mixing caption and text rows: the weights
+    after them equal, within fp32 noise, those of the same steps with every element through every projection.
+    Dropout is off (eval mode): it draws its masks for the packed elements, which is another random draw."""
+    import copy
+
+    spec = get_setting("full")
+    detector, meta = load_detector(world["detector"])
+    config = build_vlbert_config(model_cfg(world), meta, tune_frcnn=True)
+    torch.manual_seed(0)
+    start = VLBertForPretraining(VLBertModel.from_bert(config, detector.state_dict()), spec)
+    cc, text = _streams(world, tokenizer, "full")
+    batches = PretrainBatches([DataStream(cc, text, 3, 3)])
+    steps = [next(batches) for _ in range(3)]
+    trained = []
+    for padded in (False, True):
+        module = copy.deepcopy(start).eval()
+        if padded:
+            module.model.encoder.forward = lambda x, mask, enc=module.model.encoder: padded_encoder_pass(enc, x, mask)
+        optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-3)
+        for batch in steps:
+            module(batch)["loss"].backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        trained.append(module.state_dict())
+    moved = [k for k, v in trained[0].items() if v.is_floating_point() and not torch.equal(v, start.state_dict()[k])]
+    assert any(k.startswith("model.visual_network.") for k in moved) and any(".encoder." in k for k in moved)
+    for key, value in trained[1].items():
+        torch.testing.assert_close(trained[0][key], value, rtol=1e-4, atol=1e-5, msg=key)
 
 
 def test_mlm_head_loaded_from_bert_checkpoint(world):

@@ -9,7 +9,7 @@ it with --authors-python and compares its outputs with ours (reference.py names 
 
 Stand-ins it needs to run their code on a CPU under today's torch (nothing of their code is edited):
 - their RoIAlign is a compiled CUDA/C++ extension (common/lib/roi_pooling): a module `C_ROIPooling` backed by
-  torchvision.ops.roi_align(aligned=False) takes its place. Their own CPU kernel, built from their sources, gave
+  torchvision.ops.roi_align(aligned=False) and its backward takes its place. Their own CPU kernel, built from their sources, gave
   the same numbers to the last bit (max |diff| 0.0 over 52 boxes, sampling ratios 0, 1 and 2; docs/released-
   architecture.md);
 - PyYAML >= 6 needs a Loader where their config.py calls yaml.load(f): FullLoader, PyYAML 5's default;
@@ -48,11 +48,20 @@ def install_stand_ins() -> None:
         return roi_align(inp, rois, output_size=(int(pooled_height), int(pooled_width)),
                          spatial_scale=float(spatial_scale), sampling_ratio=int(sampling_ratio), aligned=False)
 
+    def roi_align_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height,
+                           width, sampling_ratio):
+        # their backward exists for CUDA only; torchvision's is the same algorithm's (benchmarks/vs_authors.py
+        # trains their model on the CPU)
+        return torch.ops.torchvision._roi_align_backward(
+            grad, rois, float(spatial_scale), int(pooled_height), int(pooled_width), int(batch_size), int(channels),
+            int(height), int(width), int(sampling_ratio), False)
+
     def not_needed(*args, **kwargs):
-        raise NotImplementedError("authors_runner: only the RoIAlign forward is stood in for")
+        raise NotImplementedError("authors_runner: only RoIAlign is stood in for (their Fast R-CNN uses no RoIPool)")
 
     ext.roi_align_forward = roi_align_forward
-    ext.roi_align_backward = ext.roi_pool_forward = ext.roi_pool_backward = not_needed
+    ext.roi_align_backward = roi_align_backward
+    ext.roi_pool_forward = ext.roi_pool_backward = not_needed
     sys.modules["common.lib.roi_pooling.C_ROIPooling"] = ext
 
     import yaml

@@ -310,8 +310,9 @@ class _StageRecorder:
 
 
 def _real_positions(stage: torch.Tensor, attention_mask: torch.Tensor) -> np.ndarray:
-    """[B, L, H] -> [real elements of all rows, row by row, H]."""
-    return stage[attention_mask].numpy()
+    """[B, L, H] -> [real elements of all rows, row by row, H]; an encoder layer's output is that already
+    (model/encoder.py PackedLayout)."""
+    return (stage if stage.dim() == 2 else stage[attention_mask]).numpy()
 
 
 def _boxes_of(stage: torch.Tensor, box_valid: torch.Tensor) -> np.ndarray:
@@ -337,6 +338,44 @@ def _nonzero(row: np.ndarray) -> np.ndarray:
     return row[row > 0]
 
 
+def pretrain_samples(inputs: dict[str, np.ndarray], image_samples: list[dict], text_only_layout: str) -> list[dict]:
+    """The pre-training samples (pretrain.data's, for collate_pretrain) of a batch in the authors' arrays: one
+    <caption, image> sample per image (`image_samples`: its normalised image and boxes), then one <text, ∅>
+    sample per text-only row, with the arrays' masked words, masked RoIs and their labels."""
+    from vlbert_core.model.inputs import IGNORE_INDEX
+
+    samples = []
+    for i, sample in enumerate(image_samples):
+        text = _nonzero(inputs["text"][i])
+        n = int(inputs["num_boxes"][i])
+        labels = inputs["mlm_labels"][i, : len(text)]
+        samples.append({**sample, "sequence": _sequence(text[1:-1], None, n),
+                        "roi_masked": to_torch(inputs["mvrc_ops"][i, :n] == 1),
+                        "roi_selected": to_torch(inputs["mvrc_labels"][i, :n].sum(-1) > 0),
+                        "roi_labels": to_torch(inputs["mvrc_labels"][i, :n]),
+                        "mlm_labels": [int(v) if v >= 0 else IGNORE_INDEX for v in labels] + [IGNORE_INDEX] * (n + 1),
+                        "relationship": IGNORE_INDEX})
+    for j in range(inputs["aux_text"].shape[0]):
+        text = _nonzero(inputs["aux_text"][j])
+        seq = _sequence(text, None, None, text_only_layout=text_only_layout)
+        labels = [int(v) if v >= 0 else IGNORE_INDEX for v in inputs["aux_mlm_labels"][j, : len(text)]]
+        if text_only_layout == "bert":
+            labels = [IGNORE_INDEX] + labels + [IGNORE_INDEX]
+        samples.append({"sequence": seq, "mlm_labels": labels + [IGNORE_INDEX] * (len(seq.input_ids) - len(labels)),
+                        "relationship": IGNORE_INDEX})
+    return samples
+
+
+def pretrain_batch(inputs: dict[str, np.ndarray], config):
+    """The collated pre-training batch (pretrain.data.PretrainBatch) of a batch in the authors' arrays, for a model
+    of VLBertConfig `config`: what this project's pre-training step takes where the authors' takes the arrays."""
+    from vlbert_core.model.config import visual_pixel_format
+    from vlbert_core.pretrain.data import collate_pretrain
+
+    images = normalised_images(inputs, visual_pixel_format(config))
+    return collate_pretrain(pretrain_samples(inputs, _image_samples(inputs, images), config.text_only_layout))
+
+
 @torch.no_grad()
 def our_outputs(layout: ReleasedLayout, model_dir: str | Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """This project's per-stage outputs on the reference batch, from the converted model directory `model_dir`:
@@ -360,31 +399,11 @@ def our_outputs(layout: ReleasedLayout, model_dir: str | Path, inputs: dict[str,
     outputs: dict[str, np.ndarray] = {}
 
     if layout.task is None:
-        samples = []
-        for i, sample in enumerate(image_samples):
-            text = _nonzero(inputs["text"][i])
-            n = int(inputs["num_boxes"][i])
-            labels = inputs["mlm_labels"][i, : len(text)]
-            samples.append({**sample, "sequence": _sequence(text[1:-1], None, n),
-                            "roi_masked": to_torch(inputs["mvrc_ops"][i, :n] == 1),
-                            "roi_selected": to_torch(inputs["mvrc_labels"][i, :n].sum(-1) > 0),
-                            "roi_labels": to_torch(inputs["mvrc_labels"][i, :n]),
-                            "mlm_labels": [int(v) if v >= 0 else IGNORE_INDEX for v in labels] + [IGNORE_INDEX] * (n + 1),
-                            "relationship": IGNORE_INDEX})
-        for j in range(inputs["aux_text"].shape[0]):
-            text = _nonzero(inputs["aux_text"][j])
-            seq = _sequence(text, None, None, text_only_layout=vlbert.config.text_only_layout)
-            labels = [int(v) if v >= 0 else IGNORE_INDEX for v in inputs["aux_mlm_labels"][j, : len(text)]]
-            if vlbert.config.text_only_layout == "bert":
-                labels = [IGNORE_INDEX] + labels + [IGNORE_INDEX]
-            samples.append({"sequence": seq, "mlm_labels": labels + [IGNORE_INDEX] * (len(seq.input_ids) - len(labels)),
-                            "relationship": IGNORE_INDEX})
         from vlbert_core.model.heads import load_pretraining_heads
-        from vlbert_core.pretrain.data import collate_pretrain
         from vlbert_core.pretrain.objectives import VLBertForPretraining
         from vlbert_core.pretrain.settings import get_setting
 
-        batch = collate_pretrain(samples)
+        batch = pretrain_batch(inputs, vlbert.config)
         roi_features = None
         if features is not None:
             roi_features = torch.zeros(batch.inputs.batch_size, batch.inputs.boxes.shape[1], APPEARANCE_DIM)

@@ -34,18 +34,24 @@ class SelfAttention(nn.Module):
         self.output = nn.Linear(hidden, hidden)
         self.attention_dropout = config.attention_probs_dropout_prob
 
-    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+    def _split_heads(self, x: torch.Tensor, layout: "PackedLayout | None") -> torch.Tensor:
+        if layout is not None:
+            x = layout.pad(x)
         batch, length, hidden = x.shape
         return x.view(batch, length, self.num_heads, hidden // self.num_heads).transpose(1, 2)
 
-    def forward(self, hidden_states: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
-        """attend: Bool [B, 1, 1, L], True where a key may be attended to."""
-        q, k, v = (self._split_heads(proj(hidden_states)) for proj in (self.query, self.key, self.value))
+    def forward(self, hidden_states: torch.Tensor, attend: torch.Tensor,
+                layout: "PackedLayout | None" = None) -> torch.Tensor:
+        """hidden_states: [B, L, hidden], or with `layout` [N, hidden], the real elements of the padded batch;
+        attend: Bool [B, 1, 1, L], True where a key may be attended to. Attention runs in the padded [B, L]
+        layout, the projections on what they are given."""
+        q, k, v = (self._split_heads(proj(hidden_states), layout) for proj in (self.query, self.key, self.value))
         context = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attend, dropout_p=self.attention_dropout if self.training else 0.0,
             scale=1.0 / math.sqrt(q.shape[-1]))
         batch, _, length, _ = context.shape
-        return self.output(context.transpose(1, 2).reshape(batch, length, -1))
+        context = context.transpose(1, 2).reshape(batch, length, -1)
+        return self.output(context if layout is None else layout.pack(context))
 
 
 class EncoderLayer(nn.Module):
@@ -61,9 +67,36 @@ class EncoderLayer(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.act = activation_fn(config.hidden_act)
 
-    def forward(self, x: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
-        x = self.attention_norm(x + self.dropout(self.attention(x, attend)))
+    def forward(self, x: torch.Tensor, attend: torch.Tensor, layout: "PackedLayout | None" = None) -> torch.Tensor:
+        """x: [B, L, hidden], or [N, hidden] packed by `layout` (SelfAttention.forward)."""
+        x = self.attention_norm(x + self.dropout(self.attention(x, attend, layout)))
         return self.output_norm(x + self.dropout(self.output(self.act(self.intermediate(x)))))
+
+
+class PackedLayout:
+    """The real elements of a padded batch [B, L, hidden] as one [N, hidden] matrix, and back.
+
+    Everything in a layer but attention treats each element on its own, so the encoder runs it on the N real
+    elements only: a batch mixing short <Caption, Image> rows with long <Text, ∅> rows pays for no padding
+    there, and each weight gets its gradient from one matrix product. Attention needs the rows, and runs
+    padded (its cost grows with L², small beside the projections at BERT's lengths)."""
+
+    def __init__(self, attention_mask: torch.Tensor):
+        self.batch, self.length = attention_mask.shape
+        flat = attention_mask.reshape(-1)
+        self.everything = bool(flat.all())
+        self.index = None if self.everything else flat.nonzero(as_tuple=True)[0]
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, L, hidden] -> [N, hidden]."""
+        x = x.reshape(self.batch * self.length, x.shape[-1])
+        return x if self.everything else x.index_select(0, self.index)
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> [B, L, hidden], zeros at the padding."""
+        if not self.everything:
+            x = x.new_zeros(self.batch * self.length, x.shape[-1]).index_copy(0, self.index, x)
+        return x.view(self.batch, self.length, x.shape[-1])
 
 
 class VLBertEncoder(nn.Module):
@@ -72,10 +105,13 @@ class VLBertEncoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_hidden_layers))
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """x [B, L, hidden] -> [B, L, hidden]; the outputs at padding (attention_mask False) are zeros."""
         attend = attention_mask[:, None, None, :].to(torch.bool)
+        layout = PackedLayout(attention_mask)
+        x = layout.pack(x)
         for layer in self.layers:
-            x = layer(x, attend)
-        return x
+            x = layer(x, attend, layout)
+        return layout.pad(x)
 
 
 # The tensors of one BERT encoder layer: (name in BERT's layout, as transformers and the authors' code

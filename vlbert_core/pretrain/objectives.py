@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlbert_core.model import IMG, PretrainingHeads, VLBertBatch, VLBertModel
+from vlbert_core.model import IMG, PretrainingHeads, VLBertModel
 from vlbert_core.model.heads import load_pretraining_heads
 from vlbert_core.model.inputs import IGNORE_INDEX
 
@@ -36,29 +36,6 @@ def _targets(batch: PretrainBatch) -> dict[str, torch.Tensor]:
         is_img = inputs.element_kind == IMG
         targets["roi"] = torch.gather(batch.roi_selected, 1, inputs.roi_index) & is_img & inputs.attention_mask
     return targets
-
-
-def encode_by_kind(model: VLBertModel, inputs: VLBertBatch, roi_features: torch.Tensor | None = None) -> torch.Tensor:
-    """Sequence outputs [B, L, H] of a batch, its <Caption, Image> rows and its <Text, ∅> rows encoded apart.
-
-    A setting with the text corpus puts both kinds in every batch, and one padded pass would carry the
-    short caption rows (caption + RoIs) through the encoder at the text rows' length (max_text_len).
-    Attention never reads padding, so each kind encoded at its own length gives the same outputs at the
-    real elements; the padding's outputs are zeros here and nothing reads them. `roi_features`: as
-    VLBertModel.encode's, for the whole batch.
-    """
-    has_image = inputs.has_image
-    if bool(has_image.all()) or not bool(has_image.any()):
-        return model.encode(inputs, roi_features=roi_features).sequence_output
-    hidden = None
-    for rows in (has_image.nonzero(as_tuple=True)[0], (~has_image).nonzero(as_tuple=True)[0]):
-        part = inputs.select_rows(rows)
-        part_features = None if roi_features is None or part.images is None else roi_features[rows]
-        out = model.encode(part, roi_features=part_features).sequence_output
-        if hidden is None:
-            hidden = out.new_zeros(inputs.batch_size, inputs.input_ids.shape[1], out.shape[-1])
-        hidden = hidden.index_copy(0, rows, F.pad(out, (0, 0, 0, hidden.shape[1] - out.shape[1])))
-    return hidden
 
 
 def target_counts(batch: PretrainBatch) -> torch.Tensor:
@@ -122,7 +99,9 @@ class VLBertForPretraining(nn.Module):
         """`normalisers`: Float [len(TASK_NAMES)] (see the class); `roi_features`: precomputed visual network
         output for frozen settings (see VLBertModel.encode)."""
         inputs = batch.inputs
-        hidden = encode_by_kind(self.model, inputs, roi_features)
+        # one pass: the encoder runs its projections on the real elements only (model/encoder.py PackedLayout),
+        # so short <Caption, Image> rows cost no padding up to the <Text, ∅> rows' length
+        hidden = self.model.encode(inputs, roi_features=roi_features).sequence_output
         targets = _targets(batch)
         if normalisers is None:
             normalisers = target_counts(batch)
