@@ -275,9 +275,9 @@ def main() -> None:
         f"Batch (setting d of config/config.yaml): {batch_size} samples ({num_cc} <Caption, Image> with "
         f"{batch.inputs.boxes.shape[1]} boxes on {batch.inputs.images.shape[-1]}-px images + {batch_size - num_cc} "
         f"<Text, ∅>), padded length {length}, {int((batch.mlm_labels != IGNORE_INDEX).sum())} masked tokens; the "
-        "bare BertModel gets the same ids and padding mask. VL-BERT encodes the caption rows at their own length "
-        f"({int(batch.inputs.attention_mask[batch.inputs.has_image].sum(1).max())}: `encode_by_kind`), "
-        "as the loop does. Visual network: the default detector's ResNet-C4 "
+        "bare BertModel gets the same ids and padding mask. VL-BERT's encoder runs its projections on the "
+        f"{int(batch.inputs.attention_mask.sum())} real elements only (`PackedLayout`, model/encoder.py), as the "
+        "loop does. Visual network: the default detector's ResNet-C4 "
         f"(stage widths {any_config.visual_backbone['stage_widths']}, {any_config.appearance_dim}-d RoI "
         f"features), geometry {any_config.geometry_dim}-d. Random weights.",
         f"Machine: {machine()}; {args.threads} threads; "
