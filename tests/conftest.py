@@ -1,5 +1,6 @@
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,7 @@ def _load_module(path: Path, module_name: str):
 
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module    # a dataclass looks its module up there while the module runs
     spec.loader.exec_module(module)
     return module
 
