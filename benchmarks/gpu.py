@@ -288,7 +288,8 @@ def vcr_batch(rng: np.random.Generator, sizes: Sizes, multiple: int, mask_size: 
 # ---- one step: timed, its FLOPs counted --------------------------------------------------------------------------
 
 def training_step(module: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_of: Callable[[], torch.Tensor],
-                  clip: float, autocast_dtype: torch.dtype | None, device: torch.device) -> Callable[[], None]:
+                  clip: float, autocast_dtype: torch.dtype | None = None,
+                  device: torch.device = torch.device("cpu")) -> Callable[[], None]:
     """A step as the training loops take one: forward (under autocast when a dtype is given, as the
     pre-training loop on CUDA), zero_grad, backward, gradient clipping, optimiser step."""
     trainable = [p for p in module.parameters() if p.requires_grad]

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 from docs_section import replace_section  # benchmarks/ is on sys.path when a benchmark runs as a script
+from gpu import training_step  # the step as the training loops take one (fp32 here: no autocast)
 
 import numpy as np
 import torch
@@ -145,18 +146,6 @@ def optimizer_for(module: torch.nn.Module, cfg: dict) -> torch.optim.Optimizer:
     return build_optimizer(module, settings)
 
 
-def make_step(module, optimizer, loss_fn, clip: float):
-    trainable = [p for p in module.parameters() if p.requires_grad]
-
-    def step() -> None:
-        loss = loss_fn()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, clip)
-        optimizer.step()
-    return step
-
-
 def machine() -> str:
     cpu = "unknown CPU"
     cpuinfo = Path("/proc/cpuinfo")
@@ -210,14 +199,14 @@ def measure(size: str, cfg: dict, batch, args: argparse.Namespace) -> tuple[dict
         plain_mlm.transform(hidden), plain_mlm._word_embeddings.weight, plain_mlm.bias)
 
     steps = {
-        "A": make_step(frozen, optimizer_for(frozen, cfg), lambda: frozen(batch)["loss"], clip),
-        "B": make_step(frozen, optimizer_for(frozen, cfg), lambda: frozen(batch, roi_features=precomputed)["loss"], clip),
-        "C": make_step(bert, optimizer_for(bert, cfg), lambda: bert(input_ids=input_ids, attention_mask=attention_mask)
+        "A": training_step(frozen, optimizer_for(frozen, cfg), lambda: frozen(batch)["loss"], clip),
+        "B": training_step(frozen, optimizer_for(frozen, cfg), lambda: frozen(batch, roi_features=precomputed)["loss"], clip),
+        "C": training_step(bert, optimizer_for(bert, cfg), lambda: bert(input_ids=input_ids, attention_mask=attention_mask)
                        .last_hidden_state.square().mean(), clip),
-        "D": make_step(tuned, optimizer_for(tuned, cfg), lambda: tuned(batch)["loss"], clip),
+        "D": training_step(tuned, optimizer_for(tuned, cfg), lambda: tuned(batch)["loss"], clip),
         "E": visual_forward,
         "F": mlm_head,
-        "G": make_step(plain, optimizer_for(plain, cfg), lambda: plain(batch, roi_features=precomputed)["loss"], clip),
+        "G": training_step(plain, optimizer_for(plain, cfg), lambda: plain(batch, roi_features=precomputed)["loss"], clip),
     }
     times: dict[str, list[float]] = {k: [] for k in steps}
     for round_index in range(args.warmup + args.reps):
