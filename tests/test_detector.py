@@ -521,6 +521,40 @@ def test_extraction_with_a_decoding_worker_matches_in_process_decoding(tiny_dete
         np.testing.assert_array_equal(in_process[key].boxes, in_worker[key].boxes)
 
 
+def test_an_image_without_proposals_becomes_a_too_few_boxes_row_and_the_others_go_on(tmp_path):
+    """An RPN that keeps no proposal on one image (a random detector can) must not fail the whole shard."""
+    torch.manual_seed(4)
+    model = build_detector(TINY_CFG, num_classes=3).eval()
+    rng = np.random.default_rng(5)
+    samples = [(f"k{i}", jpeg_bytes(draw_scene(rng)[0])) for i in range(3)]
+    real_rpn = model.rpn
+
+    class NoProposalsOnTheSecondImage(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, image_list, features):
+            proposals, losses = real_rpn(image_list, features)
+            self.calls += 1
+            return ([p if self.calls != 2 else p[:0] for p in proposals], losses)
+
+    model.rpn = NoProposalsOnTheSecondImage()
+    boxes, scores = run_detector(model, [torch.rand(3, 64, 80)])[0]
+    assert boxes.shape[1:] == (3, 4) and scores.shape[1] == 4
+    empty_boxes, empty_scores = run_detector(model, [torch.rand(3, 64, 80)])[0]
+    assert empty_boxes.shape == (0, 3, 4) and empty_scores.shape == (0, 4)
+
+    model.rpn.calls = 0
+    kwargs = {"score_threshold": 0.5, "min_boxes": 10, "max_boxes": 100, "nms_iou": 0.3}
+    counts = extract_rois_to_parquet(model, samples, tmp_path / "r.parquet", 1, kwargs)
+    rows = read_rois(tmp_path / "r.parquet")
+    assert counts == {"rows": 3, "ok": 2, "failed": 1}
+    assert [rows[k].status for k in ("k0", "k1", "k2")] == ["ok", "too_few_boxes", "ok"]
+    assert "0 candidate boxes" in rows["k1"].error and "min_boxes is 10" in rows["k1"].error
+    assert len(rows["k0"].boxes) >= 10 and len(rows["k2"].boxes) >= 10
+
+
 def test_classify_boxes_scores_given_boxes_as_the_detector_scores_its_proposals():
     """classify_boxes (the class scores of imported RoIs) must see a box where run_detector sees the
     same box as a proposal, on an image that the transform rescales (48x80 -> 38x64)."""

@@ -37,6 +37,7 @@ STATUS_MISSING_FILE = "missing_file"
 STATUS_MISSING_IN_TSV = "missing_in_tsv"
 STATUS_BAD_TSV_ROW = "bad_tsv_row"
 STATUS_SIZE_MISMATCH = "size_mismatch"
+# fewer boxes than rois.min_boxes: in the TSV's row, or from the detector (an RPN that kept no proposal)
 STATUS_TOO_FEW_BOXES = "too_few_boxes"
 FAILURE_STATUSES = (STATUS_DECODE_ERROR, STATUS_MISSING_FILE, STATUS_MISSING_IN_TSV, STATUS_BAD_TSV_ROW,
                     STATUS_SIZE_MISMATCH, STATUS_TOO_FEW_BOXES)
