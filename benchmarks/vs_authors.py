@@ -277,7 +277,7 @@ def report(args, rows: list[dict]) -> str:
         "the same weights and batch, forward + backward + SGD step, fp32 on the CPU. How it is measured, and the "
         "stand-ins their code needs to run here, is in the script's docstring.",
         "",
-        "```",
+        "```bash",
         command,
         "```",
         "",

@@ -41,7 +41,8 @@ REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "Snakefile",
              *sorted((REPO / "config").glob("*.yaml")), *sorted((REPO / "profiles").glob("*/config.yaml"))]
 SHELL_LANGUAGES = {"", "bash", "sh", "shell", "console"}
-FENCE = re.compile(r"^(```+|~~~+)\s*(\S*)[^\n]*\n(.*?)^\1\s*$", re.MULTILINE | re.DOTALL)
+# [ \t]*, not \s*: a bare fence must not take the first word of its block's first line for its language
+FENCE = re.compile(r"^(```+|~~~+)[ \t]*(\S*)[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
 INLINE = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)")
 ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=\S*\s+")
 COMMAND_START = re.compile(r"^(uv run|python3?|torchrun) \S")
@@ -190,6 +191,11 @@ def test_the_readme_shows_the_main_commands():
     texts = {c.text for c in COMMANDS if c.source.startswith("README.md")}
     assert "uv run snakemake --cores all results/tables/table4_ablation.csv" in texts
     assert "uv run pytest" in texts
+
+
+def test_a_bare_fence_is_a_shell_block_whatever_its_first_line():
+    found = markdown_commands("x.md", "```\nuv run snakemake --cores all T\n```\n\n```text\nuv run pytest\n```\n")
+    assert [c.text for c in found] == ["uv run snakemake --cores all T"]
 
 
 @pytest.fixture(scope="module")
