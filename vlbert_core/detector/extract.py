@@ -75,7 +75,6 @@ def run_detector(model: torch.nn.Module, images: Sequence[torch.Tensor]) -> list
             box_features = heads.box_head(heads.box_roi_pool(features, proposals, image_list.image_sizes))
             class_logits, box_regression = heads.box_predictor(box_features)
             pred_scores = F.softmax(class_logits, dim=-1)
-            num_columns = pred_scores.shape[-1]
             counts = [len(p) for p in proposals]
             ratios = [proposals[0].new_tensor([original[1] / resized[1], original[0] / resized[0]] * 2)
                       for resized, original in zip(image_list.image_sizes, original_sizes)]
@@ -89,7 +88,7 @@ def run_detector(model: torch.nn.Module, images: Sequence[torch.Tensor]) -> list
                 pred_boxes = heads.box_coder.decode(box_regression, proposals)
 
             # BoxCoder.decode leaves [0, 4 (K+1)] for an image batch without proposals: keep [P, K+1, 4]
-            pred_boxes = pred_boxes.reshape(-1, num_columns, 4)
+            pred_boxes = pred_boxes.reshape(-1, pred_scores.shape[-1], 4)
             results = []
             for boxes, scores, resized, original, ratio in zip(
                 pred_boxes.split(counts), pred_scores.split(counts), image_list.image_sizes, original_sizes, ratios
@@ -194,8 +193,9 @@ def extract_rois_to_parquet(
     cannot be read becomes a row with status 'decode_error' (or 'missing_file') and its error; the
     others go on. So does one over `max_pixels` (the config's max_image_pixels), refused from its header
     (error "ImageTooLarge: ..."). An image on which the detector gives fewer candidate boxes than
-    rois.min_boxes (its RPN kept no proposal, or too few) becomes a row with status 'too_few_boxes'. `metadata` goes into the file's `vlbert_rois` metadata (with source
-    'detector'). Returns counts {'rows', 'ok', 'failed'}.
+    rois.min_boxes (its RPN kept no proposal, or too few) becomes a row with status 'too_few_boxes'.
+    `metadata` goes into the file's `vlbert_rois` metadata (with source 'detector'). Returns counts
+    {'rows', 'ok', 'failed'}.
     """
     samples = list(samples)
     _check_unique_keys(samples, out_parquet)
@@ -215,7 +215,7 @@ def extract_rois_to_parquet(
                     continue
                 sel = next(selections)
                 if len(sel) < select_kwargs["min_boxes"]:
-                    # only when the RPN keeps fewer proposals than that (P x K candidates < min_boxes)
+                    # select_rois tops up to min_boxes, so this happens only when P proposals x K classes < min_boxes
                     error = (f"the detector gives {len(sel)} candidate boxes, rois.min_boxes is "
                              f"{select_kwargs['min_boxes']}")
                     log.warning("%s: %s (%s)", key, STATUS_TOO_FEW_BOXES, error)
