@@ -496,6 +496,39 @@ def test_forward_shared_images_equals_the_plain_forward(world, tokenizer):
     assert torch.equal(cached, again)
 
 
+def test_the_frozen_feature_cache_runs_at_most_images_per_pass_images_a_pass_with_the_same_features(world, tokenizer):
+    import torch
+
+    from vlbert_core.model import VLBertModel
+    from vlbert_core.tasks.finetune import FrozenRoIFeatureCache
+    from vlbert_core.tasks.modeling.vcr import VcrData
+    from vlbert_core.tasks.samples import ImageLoader, Tokens
+
+    root, sources = world
+    model = VLBertModel.from_pretrained(root / "pretrained").eval()
+    data = VcrData(vcr_lib.load_vcr(sources["vcr"]["annotations"].format(split="val")), "q2a",
+                   sources["vcr"]["images"], Tokens(tokenizer), ["car", "dog", "person"], max_rois=5,
+                   max_text_len=24, images=ImageLoader(32))
+    batch, extras = data.collate([data.sample(0), data.sample(1)])
+    images_per_call = []
+
+    def counting_visual_network(images, *args):
+        images_per_call.append(images.shape[0])
+        return model.visual_network(images, *args)
+
+    with torch.no_grad():
+        one_pass = FrozenRoIFeatureCache(counting_visual_network, model.config.appearance_dim).features(
+            batch, extras["image_keys"])
+        assert images_per_call == [2]   # the batch's 2 images are of one size: one pass
+        images_per_call.clear()
+        split = FrozenRoIFeatureCache(counting_visual_network, model.config.appearance_dim, images_per_pass=1)
+        by_image = split.features(batch, extras["image_keys"])
+    assert images_per_call == [1, 1]
+    torch.testing.assert_close(by_image, one_pass, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="images_per_pass must be at least 1, got 0"):
+        FrozenRoIFeatureCache(model.visual_network, model.config.appearance_dim, images_per_pass=0)
+
+
 def test_tiny_finetune_and_evaluate_every_task(world, tmp_path):
     from vlbert_core.tasks.evaluate import predict_splits
     from vlbert_core.tasks.finetune import load_finetuned

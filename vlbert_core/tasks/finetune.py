@@ -80,6 +80,10 @@ def resolve_hparams(task: str, hparams: Mapping[str, Any]) -> dict:
 # ---- the model: a pre-trained encoder + task head --------------------------------------------------
 
 FEATURE_CACHE_MB = 1024  # bound of the frozen RoI-feature cache (LRU), per process
+# Images per pass of the frozen visual network. Its stage 5 runs on every RoI at 14 x 14: at the paper's 100 RoIs
+# an image's maps take ~160 MB per fp32 tensor, so config/paper_base.yaml's VQA step of 256 images in one pass
+# ran an 80 GB H100 out of memory (benchmarks/gpu.py); 16 at a time peak near 10 GB and still fill the GPU.
+FROZEN_FEATURE_IMAGES_PER_PASS = 16
 
 
 def forward_shared_images(encoder, batch, group: int) -> EncoderOutput:
@@ -97,15 +101,18 @@ class FrozenRoIFeatureCache:
     With `tune_frcnn` off the visual network has no trainable parameter, no dropout and frozen
     BatchNorm, and fine-tuning masks no RoI, so its output for an image and its boxes never
     changes: several questions on one image, the four VCR candidates and later epochs all reuse
-    it. Each image runs at its own size (`batch.image_size`), images of equal size batched
-    together, so a cached feature does not depend on which batch computed it. LRU-bounded by
-    FEATURE_CACHE_MB.
+    it. Each image runs at its own size (`batch.image_size`), up to `images_per_pass` images of
+    equal size batched together, so a cached feature does not depend on which batch computed it.
+    LRU-bounded by FEATURE_CACHE_MB.
     """
 
     def __init__(self, visual_network: nn.Module, appearance_dim: int,
-                 max_mb: float = FEATURE_CACHE_MB):
+                 max_mb: float = FEATURE_CACHE_MB, images_per_pass: int = FROZEN_FEATURE_IMAGES_PER_PASS):
+        if images_per_pass < 1:
+            raise ValueError(f"images_per_pass must be at least 1, got {images_per_pass}")
         self.visual_network = visual_network
         self.appearance_dim = int(appearance_dim)
+        self.images_per_pass = int(images_per_pass)
         self.max_bytes = int(max_mb * 2**20)
         self.bytes = 0
         self.entries: OrderedDict[tuple, torch.Tensor] = OrderedDict()
@@ -136,7 +143,9 @@ class FrozenRoIFeatureCache:
         for row in missing.values():
             w, h = (int(v) for v in batch.image_size[row].tolist())
             by_size.setdefault((h, w), []).append(row)
-        for (h, w), rows in by_size.items():
+        passes = [(h, w, rows[i: i + self.images_per_pass]) for (h, w), rows in by_size.items()
+                  for i in range(0, len(rows), self.images_per_pass)]
+        for h, w, rows in passes:
             index = torch.tensor(rows, device=batch.boxes.device)
             feats = self.visual_network(batch.images[index, :, :h, :w], batch.boxes[index], batch.box_valid[index],
                                         None, None if batch.instance_masks is None else batch.instance_masks[index])
