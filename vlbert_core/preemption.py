@@ -73,6 +73,18 @@ class StopSignals:
         self.signum = int(flag.item()) or None
         return self.signum is not None
 
+    def after_step(self, step: int, total_steps: int, stop_after_step: int | None,
+                   world_size: int = 1) -> str | None:
+        """Why a training loop ends after `step`, before its last: "signal" (this process or, under DDP, any rank
+        got a stop signal: raise `stop(...)` once the checkpoint is written), "asked" (the caller's
+        `stop_after_step`: return once the checkpoint is written), or None to go on. Every rank gets the same
+        answer. Either way the loop writes its checkpoint first."""
+        if step < total_steps and self.requested(world_size):
+            return "signal"
+        if step == stop_after_step:
+            return "asked"
+        return None
+
     def stop(self, what: str, step: int, checkpoint: str) -> TrainingStopped:
         """The exception to raise once the checkpoint of `step` is written (its message goes to the log)."""
         name = signal.Signals(self.signum).name

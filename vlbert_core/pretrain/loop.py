@@ -422,17 +422,14 @@ def pretrain(setting: str, cc_shards: list, roi_parquets: list, text_shards: lis
             if step % log_every == 0 or step == steps:
                 log.info("step %d/%d %s", step, steps,
                          " ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "step" and v is not None))
-            stopping = step < steps and stop.requested(world_size)  # SIGTERM: SLURM preempts or hits the time limit
-            if (step % int(pretrain_cfg["checkpoint_every"]) == 0 or step == steps or step == stop_after_step
-                    or stopping):
+            why_stop = stop.after_step(step, steps, stop_after_step, world_size)
+            if step % int(pretrain_cfg["checkpoint_every"]) == 0 or step == steps or why_stop:
                 save_checkpoint()
-            if stopping:
+            if why_stop:
                 progress.close()
                 events.close()
-                raise stop.stop(f"pretrain {spec.name}", step, str(ckpt_path))
-            if step == stop_after_step:
-                progress.close()
-                events.close()
+                if why_stop == "signal":  # SIGTERM: SLURM preempts or hits the time limit
+                    raise stop.stop(f"pretrain {spec.name}", step, str(ckpt_path))
                 log.info("stopping after step %d as asked (checkpoint written)", step)
                 return {"setting": spec.name, "steps": step, "stopped": True, "resumed_from": resumed_from}
     progress.close()

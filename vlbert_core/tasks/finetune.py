@@ -426,16 +426,14 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
             if step == 1 or step % max(1, plan["total_steps"] // 10) == 0:
                 log.info("step %d/%d loss %.4f lr %.3g %s", step, plan["total_steps"],
                          loss.item(), lr, {k: round(v, 4) for k, v in stats.items()})
-            stopping = step < plan["total_steps"] and stop.requested()  # SIGTERM: SLURM preempts or hits the time limit
-            if (step % checkpoint_every == 0 and step < plan["total_steps"]) or step == stop_after_step or stopping:
+            why_stop = stop.after_step(step, plan["total_steps"], stop_after_step)
+            if (step % checkpoint_every == 0 and step < plan["total_steps"]) or why_stop:
                 save_checkpoint()
-            if stopping:
+            if why_stop:
                 progress.close()
                 events.close()
-                raise stop.stop(f"finetune {task}/{setting}/{schedule}", step, str(ckpt_path))
-            if step == stop_after_step:
-                progress.close()
-                events.close()
+                if why_stop == "signal":  # SIGTERM: SLURM preempts or hits the time limit
+                    raise stop.stop(f"finetune {task}/{setting}/{schedule}", step, str(ckpt_path))
                 log.info("stopping after step %d as asked (checkpoint written)", step)
                 return {**meta, "stopped": True, "resumed_from": resumed_from}
     progress.close()
