@@ -30,20 +30,19 @@ def repo() -> Path:
 CI_RUN = pytest.StashKey[tuple]()
 
 
-def pytest_collection_finish(session) -> None:
-    """Start the end-to-end run of tests/test_workflow.py (about 10 minutes of jobs on 2 cores) as soon as the
-    tests that read it are collected: it runs beside the other modules, whose single processes leave CPU time
-    over, instead of after them. Its fixture `ci_run` waits for it."""
-    if session.config.option.collectonly or not any(
-            item.path.name == "test_workflow.py" and "ci_run" in getattr(item, "fixturenames", ())
-            for item in session.items):
+@pytest.fixture(scope="session", autouse=True)
+def start_the_end_to_end_run_early(request, tmp_path_factory) -> None:
+    """Start the end-to-end run of tests/test_workflow.py (about 10 minutes of jobs on 2 cores) before the first
+    test, when the session holds a test that reads it: it runs beside the other modules, whose single processes
+    leave CPU time over, instead of after them. Its fixture `ci_run` waits for it; pytest_sessionfinish stops it
+    if the session ends first."""
+    if not any(item.path.name == "test_workflow.py" and "ci_run" in getattr(item, "fixturenames", ())
+               for item in request.session.items):
         return
     from test_workflow import start_ci_run
 
-    # The factory behind the tmp_path_factory fixture (no fixture can be asked for here): the run's directory
-    # lies in this session's base directory and goes with pytest's retention of it.
-    workdir = session.config._tmp_path_factory.mktemp("test_workflow") / "ci_run"
-    session.config.stash[CI_RUN] = (workdir, start_ci_run(workdir))
+    workdir = tmp_path_factory.mktemp("test_workflow") / "ci_run"
+    request.config.stash[CI_RUN] = (workdir, start_ci_run(workdir))
 
 
 def pytest_sessionfinish(session) -> None:

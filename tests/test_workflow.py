@@ -40,8 +40,8 @@ def planned_rules(dry_run_output: str) -> dict[str, int]:
 
 def start_ci_run(workdir: Path) -> subprocess.Popen:
     """The end-to-end run of config/ci.yaml (Table 4, the report, the model comparison: ~170 jobs), in the
-    background; Snakemake's console goes to ci_run.stderr beside `workdir`. tests/conftest.py starts it as soon
-    as the tests are collected, so that it runs beside the other test modules rather than after them."""
+    background; Snakemake's console goes to ci_run.stderr beside `workdir`. tests/conftest.py starts it before
+    the session's first test, so that it runs beside the other test modules rather than after them."""
     workdir.mkdir(parents=True)
     with open(workdir.parent / "ci_run.stderr", "w") as console:
         return subprocess.Popen([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
@@ -54,7 +54,7 @@ def ci_run(request, module_tmp_path):
     from conftest import CI_RUN
 
     workdir, proc = request.config.stash.get(CI_RUN, (None, None))
-    if proc is None:   # not started at collection (tests/conftest.py): start it now
+    if proc is None:   # not started before the first test (tests/conftest.py): start it now
         workdir = module_tmp_path / "ci_run"
         proc = start_ci_run(workdir)
     try:
