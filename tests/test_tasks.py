@@ -463,11 +463,10 @@ def _check_eval(path: Path, task: str, metric: str, split: str, num_examples: in
     return result
 
 
-def test_forward_shared_images_equals_the_plain_forward(world, tokenizer):
-    import torch
-
+def _world_model_and_two_vcr_questions(world, tokenizer):
+    """The world's pre-trained model (eval mode) and a VCR Q->A batch of the first two val questions (8 rows,
+    2 images of one size)."""
     from vlbert_core.model import VLBertModel
-    from vlbert_core.tasks.finetune import FrozenRoIFeatureCache, forward_shared_images
     from vlbert_core.tasks.modeling.vcr import VcrData
     from vlbert_core.tasks.samples import ImageLoader, Tokens
 
@@ -476,7 +475,15 @@ def test_forward_shared_images_equals_the_plain_forward(world, tokenizer):
     data = VcrData(vcr_lib.load_vcr(sources["vcr"]["annotations"].format(split="val")), "q2a",
                    sources["vcr"]["images"], Tokens(tokenizer), ["car", "dog", "person"], max_rois=5,
                    max_text_len=24, images=ImageLoader(32))
-    batch, extras = data.collate([data.sample(0), data.sample(1)])
+    return (model, *data.collate([data.sample(0), data.sample(1)]))
+
+
+def test_forward_shared_images_equals_the_plain_forward(world, tokenizer):
+    import torch
+
+    from vlbert_core.tasks.finetune import FrozenRoIFeatureCache, forward_shared_images
+
+    model, batch, extras = _world_model_and_two_vcr_questions(world, tokenizer)
     assert batch.batch_size == 8 and extras["label"].tolist() == [0, 1]
     # names are classes of the RoI loss: boxes 1..3 = person, dog, car; box 0 ignored
     assert extras["box_classes"][0].tolist() == [-100, 2, 1, 0]
@@ -499,17 +506,9 @@ def test_forward_shared_images_equals_the_plain_forward(world, tokenizer):
 def test_the_frozen_feature_cache_runs_at_most_images_per_pass_images_a_pass_with_the_same_features(world, tokenizer):
     import torch
 
-    from vlbert_core.model import VLBertModel
     from vlbert_core.tasks.finetune import FrozenRoIFeatureCache
-    from vlbert_core.tasks.modeling.vcr import VcrData
-    from vlbert_core.tasks.samples import ImageLoader, Tokens
 
-    root, sources = world
-    model = VLBertModel.from_pretrained(root / "pretrained").eval()
-    data = VcrData(vcr_lib.load_vcr(sources["vcr"]["annotations"].format(split="val")), "q2a",
-                   sources["vcr"]["images"], Tokens(tokenizer), ["car", "dog", "person"], max_rois=5,
-                   max_text_len=24, images=ImageLoader(32))
-    batch, extras = data.collate([data.sample(0), data.sample(1)])
+    model, batch, extras = _world_model_and_two_vcr_questions(world, tokenizer)
     images_per_call = []
 
     def counting_visual_network(images, *args):
