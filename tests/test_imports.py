@@ -87,3 +87,12 @@ def test_the_model_loads_without_the_data_and_detector_extraction_stack():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_the_converter_command_line_builds_without_torch():
+    # `python -m vlbert_core.convert --help` and a mistyped argument answer at once, not after importing torch
+    code = ("import sys; from vlbert_core.convert.__main__ import build_parser; build_parser(); "
+            "print([m for m in ('torch', 'torchvision') if m in sys.modules])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

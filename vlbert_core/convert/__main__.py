@@ -12,8 +12,8 @@ import sys
 
 from vlbert_core.cli import run_command
 
-from .released_heads import RELEASED_HEADS
-from .vlbert import PUBLISHED_PRETRAINED, released_task_names, released_vocabularies, vocabulary_option
+from .released_heads import (PUBLISHED_PRETRAINED, RELEASED_HEADS, released_task_names, released_vocabularies,
+                             vocabulary_option)
 
 BOTTOM_UP_MODULE = "vlbert_core.convert.bottom_up"
 BOTTOM_UP_FILES = ("faster_rcnn_from_caffe_attr.pkl (py-bottom-up-attention, detectron2 layout)",

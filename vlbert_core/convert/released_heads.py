@@ -9,6 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+# This module imports no torch: `python -m vlbert_core.convert --help` builds its parser from it alone.
+
+PUBLISHED_PRETRAINED = ("vl-bert-base-e2e.model", "vl-bert-large-e2e.model", "vl-bert-base-prec.model",
+                        "vl-bert-large-prec.model")
+
 
 @dataclass(frozen=True)
 class ReleasedHead:
@@ -66,3 +71,22 @@ RELEASED_HEADS: dict[str, ReleasedHead] = {
 
 def released_head(task: str) -> ReleasedHead | None:
     return RELEASED_HEADS.get(task)
+
+
+def released_vocabularies() -> dict[str, str]:
+    """{meta key: what its file lists} of every released fine-tuned checkpoint's head (`--answers`, ...)."""
+    vocabularies: dict[str, str] = {}
+    for head in RELEASED_HEADS.values():
+        for key, what in head.vocabularies:
+            vocabularies.setdefault(key, what)
+    return vocabularies
+
+
+def released_task_names() -> list[str]:
+    """The tasks whose released fine-tuned checkpoints convert (`--task` choices)."""
+    return list(RELEASED_HEADS)
+
+
+def vocabulary_option(key: str) -> str:
+    """The command-line option of a `released_vocabularies` meta key: answers -> --answers."""
+    return "--" + key.replace("_", "-")

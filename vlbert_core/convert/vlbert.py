@@ -32,11 +32,9 @@ from vlbert_core.tasks.registry import get_task
 
 from .accounting import ConversionError, ConversionReport, Drop, Rule, convert_state_dict
 from .manifest import read_published
-from .released_heads import RELEASED_HEADS, ReleasedHead
+from .released_heads import RELEASED_HEADS, ReleasedHead, vocabulary_option
 from .resnet import BN_COUNTER, convert_resnet_state, resnet_layout
 
-PUBLISHED_PRETRAINED = ("vl-bert-base-e2e.model", "vl-bert-large-e2e.model", "vl-bert-base-prec.model",
-                        "vl-bert-large-prec.model")
 CHECKPOINT_WRAP = ("state_dict",)
 REPORT_FILE = "conversion_report.json"
 # Top-level entries of the authors' checkpoints besides 'state_dict' (common/callbacks/epoch_end_callbacks/
@@ -349,20 +347,6 @@ def convert_vlbert_state(source: dict[str, torch.Tensor], *, source_name: str, b
     return Converted(config=config, layout=layout, state=state, report=report, heads=heads_state)
 
 
-def released_vocabularies() -> dict[str, str]:
-    """{meta key: what its file lists} of every released fine-tuned checkpoint's head (`--answers`, ...)."""
-    vocabularies: dict[str, str] = {}
-    for head in RELEASED_HEADS.values():
-        for key, what in head.vocabularies:
-            vocabularies.setdefault(key, what)
-    return vocabularies
-
-
-def released_task_names() -> list[str]:
-    """The tasks whose released fine-tuned checkpoints convert (`--task` choices)."""
-    return list(RELEASED_HEADS)
-
-
 def task_meta_for(layout: SourceLayout, task: str | None, *, bert_path: str, vocabularies: dict[str, list[str]],
                   source_name: str) -> dict[str, Any]:
     """The fine-tuned model's meta (tasks.finetune) for a released task checkpoint; `vocabularies`: the
@@ -387,11 +371,6 @@ def task_meta_for(layout: SourceLayout, task: str | None, *, bert_path: str, voc
                                   "one a line)")
     meta.update(head.task_meta(vocabularies))
     return meta
-
-
-def vocabulary_option(key: str) -> str:
-    """The command-line option of a `released_vocabularies` meta key: answers -> --answers."""
-    return "--" + key.replace("_", "-")
 
 
 def _read_lines(path: str | os.PathLike | None) -> list[str] | None:
