@@ -4,6 +4,7 @@ this project's side sees the same targets in it as the authors' side."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from conftest import load_benchmark
 
@@ -62,3 +63,14 @@ def test_our_batch_carries_the_same_targets_as_the_authors_arrays():
     assert int(batch.inputs.has_image.sum()) == vs_authors.RELEASED_ROWS == int((~batch.inputs.has_image).sum())
     assert torch.equal(batch.inputs.roi_masked[: vs_authors.RELEASED_ROWS, : arrays["mvrc_ops"].shape[1]],
                        torch.from_numpy(arrays["mvrc_ops"] == 1))
+
+
+def test_the_floor_is_the_visual_network_plus_the_rest_at_the_gemm_rate_plus_the_update():
+    ours = {"median_s": 2.4, "visual_s": 1.5, "rest_flops": 30e9, "gemm_flops_per_s": 120e9, "update_s": 0.07,
+            "peak_rss_mb": 2048.0}
+    assert vs_authors.step_floor(ours) == pytest.approx(1.5 + 0.25 + 0.07)
+    theirs = {"median_s": 2.0, "peak_rss_mb": 2048.0}
+    row = {"batch": "fixture", "threads": 1, "pairs": [{"ours": ours, "authors": theirs, "ratio": 1.2}]}
+    header, _, line = vs_authors.table([row]).splitlines()
+    cells = dict(zip([c.strip() for c in header.strip("|").split("|")], [c.strip() for c in line.strip("|").split("|")]))
+    assert cells["floor (s)"] == "1.820" and cells["floor / authors"] == "0.910"
