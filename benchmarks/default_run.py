@@ -41,16 +41,12 @@ from pathlib import Path
 
 from docs_section import replace_section  # benchmarks/ is on sys.path when a benchmark runs as a script
 
-import torch
 import yaml
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vlbert_core.model.embeddings import VLBertEmbeddings  # noqa: E402
-from vlbert_core.model.encoder import VLBertEncoder  # noqa: E402
-from vlbert_core.model.visual import FastRCNNVisualNetwork  # noqa: E402
+# torch and the model are imported where a step is timed: --help and --rules-only answer without them
 from vlbert_core.pretrain.__main__ import merge  # noqa: E402
 from vlbert_core.rule_times import rule_table, rule_times, run_wall_seconds  # noqa: E402
 from vlbert_core.utils import setup_compute  # noqa: E402
@@ -97,6 +93,13 @@ class StepTimeline:
     @contextlib.contextmanager
     def installed(self):
         """Hooks on every VL-BERT visual network, embeddings and encoder, and on every optimizer step."""
+        import torch
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        from vlbert_core.model.embeddings import VLBertEmbeddings
+        from vlbert_core.model.encoder import VLBertEncoder
+        from vlbert_core.model.visual import FastRCNNVisualNetwork
+
         def pre(module, args):
             if isinstance(module, FastRCNNVisualNetwork):
                 self.enter("visual network")

@@ -25,15 +25,18 @@ import argparse
 import sys
 from datetime import date
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from docs_section import replace_section  # noqa: E402
 
-from vlbert_core.model.bert_init import load_tokenizer, resolve_bert_path  # noqa: E402
+# torch, transformers and the tokenizer are imported where the BERT runs: --help answers without them
 from vlbert_core.tasks.vcr import candidate_texts, load_vcr, mixed_tokens_to_words  # noqa: E402
+
+if TYPE_CHECKING:
+    import torch
 
 HEADING = "## What the [CLS] output carries in the BERT initialiser"
 
@@ -51,11 +54,13 @@ def text(tokens, objects) -> str:
     return " ".join(word for word, _ in mixed_tokens_to_words(tokens, objects))
 
 
-@torch.no_grad()
 def layer_spreads(bert_spec: str, jsonl: Path, num_questions: int) -> list[tuple[int, float, float]]:
     """[(layer, [CLS] spread, text-mean spread)] over the Q->A candidates of the first questions of `jsonl`;
     layer 0 is the embeddings."""
+    import torch
     from transformers import BertModel
+
+    from vlbert_core.model.bert_init import load_tokenizer, resolve_bert_path
 
     items = load_vcr(jsonl)[:num_questions]
     if not items:
@@ -71,7 +76,8 @@ def layer_spreads(bert_spec: str, jsonl: Path, num_questions: int) -> list[tuple
     cls, means = [], []
     for start in range(0, len(firsts), 64):
         enc = tokenizer(firsts[start:start + 64], seconds[start:start + 64], return_tensors="pt", padding=True)
-        hidden = model(**enc, output_hidden_states=True).hidden_states
+        with torch.no_grad():
+            hidden = model(**enc, output_hidden_states=True).hidden_states
         weights = enc["attention_mask"].unsqueeze(-1).float()  # [CLS], words, [SEP]s: every text element
         cls.append(torch.stack([h[:, 0] for h in hidden]))
         means.append(torch.stack([(h * weights).sum(1) / weights.sum(1) for h in hidden]))

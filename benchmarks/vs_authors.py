@@ -142,14 +142,16 @@ def released_batch(seed: int) -> dict[str, np.ndarray]:
 
 
 def batch_inputs(name: str, seed: int) -> dict[str, np.ndarray]:
-    from vlbert_core.convert.reference import get_layout, reference_inputs
+    from vlbert_core.convert.reference import reference_inputs
+    from vlbert_core.convert.released_heads import get_layout
 
     return reference_inputs(get_layout(LAYOUT), seed) if name == "fixture" else released_batch(seed)
 
 
 def prepare(workdir: Path, batches: list[str], seed: int) -> dict:
     """The stand-in checkpoint (the authors' format), its conversion, and each batch with its normalised images."""
-    from vlbert_core.convert.reference import get_layout, normalised_images, save_arrays
+    from vlbert_core.convert.reference import normalised_images, save_arrays
+    from vlbert_core.convert.released_heads import get_layout
     from vlbert_core.convert.verify import convert_files, write_stand_in_files
     from vlbert_core.model.config import VLBertConfig, visual_pixel_format
 

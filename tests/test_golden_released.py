@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vlbert_core.convert.reference import LAYOUTS, load_arrays, our_outputs
+from vlbert_core.convert.reference import load_arrays, our_outputs
+from vlbert_core.convert.released_heads import LAYOUTS
 from vlbert_core.convert.stand_in import write_bert_stand_in
 from vlbert_core.convert.verify import INPUTS_FILE, NUMBERS_FILE, TOLERANCE, convert_files, write_stand_in_files
 

@@ -1,11 +1,15 @@
-"""The import structure of vlbert_core: no import cycle, and the model without the data stack."""
+"""The import structure of vlbert_core: no import cycle, the model without the data stack, and command lines
+that answer --help without importing torch."""
 
 import ast
 import subprocess
 import sys
 from pathlib import Path
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1] / "vlbert_core"
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE_DIR = REPO / "vlbert_core"
 
 
 def module_name(path: Path) -> str:
@@ -89,10 +93,26 @@ def test_the_model_loads_without_the_data_and_detector_extraction_stack():
     assert result.stdout.strip() == "[]"
 
 
-def test_the_converter_command_line_builds_without_torch():
-    # `python -m vlbert_core.convert --help` and a mistyped argument answer at once, not after importing torch
-    code = ("import sys; from vlbert_core.convert.__main__ import build_parser; build_parser(); "
+@pytest.mark.parametrize("module", ["vlbert_core.convert.__main__", "vlbert_core.convert.verify"])
+def test_the_converter_command_line_builds_without_torch(module):
+    # `python -m vlbert_core.convert --help` (and .verify's) and a mistyped argument answer at once, not after
+    # importing torch
+    code = (f"import sys; from {module} import build_parser; build_parser(); "
             "print([m for m in ('torch', 'torchvision') if m in sys.modules])")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("script", ["default_run.py", "sentence_readout.py"])
+def test_a_light_benchmark_answers_help_without_torch(script):
+    # their --help (and default_run.py's --rules-only) need no model: they answer at once
+    code = ("import runpy, sys; sys.path.insert(0, sys.argv[1]); sys.argv = [sys.argv[2], '--help']\n"
+            "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit as e:\n"
+            "    assert e.code == 0, e.code\n"
+            "print('imported:', [m for m in ('torch', 'torchvision') if m in sys.modules])")
+    benchmarks = REPO / "benchmarks"
+    result = subprocess.run([sys.executable, "-c", code, str(benchmarks), str(benchmarks / script)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "usage:" in result.stdout and result.stdout.rstrip().endswith("imported: []")

@@ -8,7 +8,8 @@ import pytest
 import torch
 from conftest import load_benchmark
 
-from vlbert_core.convert.reference import CLS_ID, MASK_ID, SEP_ID, get_layout, pretrain_batch, reference_inputs
+from vlbert_core.convert.reference import CLS_ID, MASK_ID, SEP_ID, pretrain_batch, reference_inputs
+from vlbert_core.convert.released_heads import get_layout
 from vlbert_core.model.config import VLBertConfig
 from vlbert_core.model.inputs import IGNORE_INDEX
 

@@ -13,7 +13,6 @@ of bert-base-uncased's vocabulary; a masked RoI zeroes its pixels (e2e) or has i
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ import torch
 from vlbert_core.utils import atomic_path
 
 from .manifest import Manifest, stand_in_tensors, write_stand_in
+from .released_heads import LAYOUTS, ReleasedLayout
 from .stand_in import alias_overrides
 
 # bert-base-uncased ids of the special tokens (its vocab.txt)
@@ -32,31 +32,6 @@ APPEARANCE_DIM = 2048
 IMAGE_SIZES = ((112, 80), (96, 64))   # (W, H) of the two images: different, so padding and im_info matter
 BOXES_PER_IMAGE = (5, 4)               # incl. box 0
 NUM_CANDIDATES = 4                     # VCR
-
-
-@dataclass(frozen=True)
-class ReleasedLayout:
-    """One kind of released checkpoint and the forward of the authors' code that computes it."""
-    name: str
-    manifest: str            # tests/data/manifests/<manifest>.json: the checkpoint's keys, shapes and dtypes
-    task: str | None         # our task of a fine-tuned head; None: a pre-trained model (MLM and masked-RoI heads)
-    precomputed: bool        # RoI features are inputs (the authors' IMAGE_FEAT_PRECOMPUTED), not computed
-    authors_config: str      # the authors' config the runner builds their model from
-
-
-LAYOUTS = {layout.name: layout for layout in (
-    ReleasedLayout("pretrain-e2e", "vl-bert-base-e2e", None, False, "cfgs/pretrain/base_e2e_16x16G_fp16.yaml"),
-    ReleasedLayout("pretrain-prec", "vl-bert-base-prec", None, True, "cfgs/pretrain/base_prec_4x16G_fp32.yaml"),
-    ReleasedLayout("vqa", "vqa-base", "vqa", True, "cfgs/vqa/base_4x16G_fp32.yaml"),
-    ReleasedLayout("refcoco", "refcoco-base", "refcoco", False, "cfgs/refcoco/base_detected_regions_4x16G.yaml"),
-    ReleasedLayout("vcr", "vcr-base", "vcr_q2a", False, "cfgs/vcr/base_q2a_4x16G_fp32.yaml"),
-)}
-
-
-def get_layout(name: str) -> ReleasedLayout:
-    if name not in LAYOUTS:
-        raise ValueError(f"unknown released layout {name!r}; expected one of {list(LAYOUTS)}")
-    return LAYOUTS[name]
 
 
 # ---- stand-in checkpoints with trained-like values ----------------------------------------------------------

@@ -9,7 +9,33 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-# This module imports no torch: `python -m vlbert_core.convert --help` builds its parser from it alone.
+# This module imports no torch: `python -m vlbert_core.convert --help` and `python -m vlbert_core.convert.verify
+# --help` build their parsers from it alone.
+
+@dataclass(frozen=True)
+class ReleasedLayout:
+    """One kind of released checkpoint and the forward of the authors' code that computes it."""
+    name: str
+    manifest: str            # tests/data/manifests/<manifest>.json: the checkpoint's keys, shapes and dtypes
+    task: str | None         # our task of a fine-tuned head; None: a pre-trained model (MLM and masked-RoI heads)
+    precomputed: bool        # RoI features are inputs (the authors' IMAGE_FEAT_PRECOMPUTED), not computed
+    authors_config: str      # the authors' config the runner builds their model from
+
+
+LAYOUTS = {layout.name: layout for layout in (
+    ReleasedLayout("pretrain-e2e", "vl-bert-base-e2e", None, False, "cfgs/pretrain/base_e2e_16x16G_fp16.yaml"),
+    ReleasedLayout("pretrain-prec", "vl-bert-base-prec", None, True, "cfgs/pretrain/base_prec_4x16G_fp32.yaml"),
+    ReleasedLayout("vqa", "vqa-base", "vqa", True, "cfgs/vqa/base_4x16G_fp32.yaml"),
+    ReleasedLayout("refcoco", "refcoco-base", "refcoco", False, "cfgs/refcoco/base_detected_regions_4x16G.yaml"),
+    ReleasedLayout("vcr", "vcr-base", "vcr_q2a", False, "cfgs/vcr/base_q2a_4x16G_fp32.yaml"),
+)}
+
+
+def get_layout(name: str) -> ReleasedLayout:
+    if name not in LAYOUTS:
+        raise ValueError(f"unknown released layout {name!r}; expected one of {list(LAYOUTS)}")
+    return LAYOUTS[name]
+
 
 PUBLISHED_PRETRAINED = ("vl-bert-base-e2e.model", "vl-bert-large-e2e.model", "vl-bert-base-prec.model",
                         "vl-bert-large-prec.model")

@@ -24,12 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from vlbert_core.model.config import VLBertConfig, visual_pixel_format
-
-from .reference import (
-    get_layout, golden_numbers, LAYOUTS, compare_stages, load_arrays, normalised_images, our_outputs, report_stages,
-    reference_inputs, save_arrays, write_reference_checkpoint,
-)
+# The model and the reference batch (torch) are imported where a check runs: --help answers without them.
+from .released_heads import LAYOUTS, get_layout
 
 RUNNER = Path(__file__).with_name("authors_runner.py")
 TOLERANCE = 1e-4        # the largest |difference| a stage may show (fp32, CPU)
@@ -69,6 +65,7 @@ def write_stand_in_files(manifest_path: Path, layout, workdir: Path, seed: int, 
     written into `workdir`: a BERT directory (unless `bert_path`), the ResNet-101 of the precomputed layouts
     (unless `visual_weights`) and placeholder answer / object-name lists of the released heads' sizes."""
     from .manifest import Manifest
+    from .reference import write_reference_checkpoint
     from .stand_in import write_bert_stand_in, write_manifest_stand_in
 
     manifest = Manifest.load(manifest_path)
@@ -99,6 +96,8 @@ def convert_files(files: dict, layout, out_dir: Path) -> Path:
 
 
 def run_authors(args, layout, checkpoint: Path, vocab: Path, inputs_path: Path, out_path: Path) -> dict:
+    from .reference import load_arrays
+
     command = [str(args.authors_python), str(RUNNER), "--repo", str(args.authors_repo), "--layout", layout.name,
                "--config", args.authors_config or layout.authors_config, "--checkpoint", str(checkpoint),
                "--vocab", str(vocab), "--inputs", str(inputs_path), "--out", str(out_path)]
@@ -109,6 +108,12 @@ def run_authors(args, layout, checkpoint: Path, vocab: Path, inputs_path: Path, 
 
 
 def verify(args) -> list[dict]:
+    from vlbert_core.model.config import VLBertConfig, visual_pixel_format
+
+    from .reference import (
+        compare_stages, golden_numbers, normalised_images, our_outputs, reference_inputs, save_arrays,
+    )
+
     layout = get_layout(args.layout)
     with tempfile.TemporaryDirectory() as scratch:
         workdir = args.workdir or Path(scratch)
@@ -148,6 +153,8 @@ def verify(args) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from .reference import report_stages
+
     rows = verify(args)
     return report_stages(rows, f"{args.layout}: ours vs the authors' code ({args.checkpoint or args.stand_in}), fp32 on {os.cpu_count()} "
           f"CPU cores", TOLERANCE, args.json)

@@ -1,5 +1,5 @@
 """Writes the golden files of tests/test_golden_released.py: for each released layout (vlbert_core/convert/
-reference.py LAYOUTS), the reference batch (<layout>.inputs.npz) and a few numbers per stage of the AUTHORS'
+released_heads.py LAYOUTS), the reference batch (<layout>.inputs.npz) and a few numbers per stage of the AUTHORS'
 model on it (<layout>.json), computed from the stand-in checkpoint of the layout's manifest (seed 0).
 
 It needs the authors' code, so CI does not run it: a checkout of jackroos/VL-BERT and a Python environment
@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from vlbert_core.convert.reference import LAYOUTS
+from vlbert_core.convert.released_heads import LAYOUTS
 from vlbert_core.convert.verify import main as verify
 
 HERE = Path(__file__).parent
