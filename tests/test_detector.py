@@ -13,7 +13,7 @@ import pytest
 from conftest import TINY_DETECTOR_CFG, load_script
 import torch
 from PIL import Image, ImageDraw
-from torchvision.ops import box_iou
+from torchvision.ops import box_iou, roi_align
 
 from vlbert_core.images import DEFAULT_MAX_PIXELS as MAX_PIXELS
 from vlbert_core.detector import (
@@ -364,6 +364,103 @@ def test_dilated_head_keeps_a_14x14_roi_at_14x14_with_the_same_weights():
             assert _bottleneck_by_hand(block, rois if block is head.layer4[0] else head.layer4[0](rois)).shape[-1] == 14
     with pytest.raises(ValueError, match="head_dilation"):
         build_resnet_c4({**cfg, "head_dilation": 3})
+
+
+FOLD_CFGS = {
+    "bottleneck": {"stage_widths": [4, 4, 8, 8], "blocks_per_stage": [1, 2, 2, 2], "block": "bottleneck",
+                   "stride_in_1x1": True, "head_dilation": 2},
+    "basic": {"stage_widths": [4, 4, 8, 8], "blocks_per_stage": [1, 2, 2, 2], "block": "basic"},
+}
+
+
+def _roi_features(feature_map):
+    from vlbert_core.detector.resnet_c4 import FEATURE_STRIDE, ROI_ALIGNED, ROI_OUTPUT_SIZE, ROI_SAMPLING_RATIO
+
+    rois = torch.tensor([[0, 0, 0, 40, 30], [1, 8, 4, 60, 44], [1, 0, 0, 63, 47]], dtype=feature_map.dtype)
+    return roi_align(feature_map, rois, ROI_OUTPUT_SIZE, 1 / FEATURE_STRIDE, ROI_SAMPLING_RATIO, ROI_ALIGNED)
+
+
+def _folded(body, head, images):
+    return head(_roi_features(body(images)))
+
+
+def _unfolded(body, head, images):
+    """The same modules run as torchvision runs them, each BatchNorm after its convolution (before conv_bn)."""
+    from torchvision.models import resnet as tv_resnet
+
+    def blocks(stage, x):
+        for block in stage:
+            x = (tv_resnet.Bottleneck if hasattr(block, "bn3") else tv_resnet.BasicBlock).forward(block, x)
+        return x
+
+    x = body.maxpool(body.relu(body.bn1(body.conv1(images))))
+    x = blocks(body.layer3, blocks(body.layer2, blocks(body.layer1, x)))
+    return head.flatten(head.avgpool(blocks(head.layer4, _roi_features(x))))
+
+
+def _frozen_bn_network(cfg):
+    """A ResNet-C4 as VL-BERT trains it: every BatchNorm in eval mode with trained-like statistics and frozen,
+    stages 1-2 frozen, stages 3-5 trained."""
+    torch.manual_seed(0)
+    body, head, *_ = build_resnet_c4(cfg)
+    for module in [*body.modules(), *head.modules()]:
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.normal_(0, 0.2)
+            module.running_var.uniform_(0.5, 2.0)
+            module.weight.data.uniform_(0.5, 1.5)
+            module.bias.data.normal_(0, 0.1)
+            module.eval().requires_grad_(False)
+    for name in ("conv1", "layer1"):
+        body.get_submodule(name).requires_grad_(False)
+    return body, head
+
+
+@pytest.mark.parametrize("block", sorted(FOLD_CFGS))
+def test_frozen_batchnorm_folded_into_the_convolutions_trains_to_the_same_weights(block):
+    """conv_bn: with its BatchNorms in eval mode, the network computes what convolution-then-BatchNorm computes,
+    and 4 SGD steps through it end at the same weights (fp32 rounding apart)."""
+    import copy
+
+    body, head = _frozen_bn_network(FOLD_CFGS[block])
+    plain_body, plain_head = copy.deepcopy(body), copy.deepcopy(head)
+    images = torch.randn(2, 3, 48, 64)
+    convs_run = []
+    for module in [*body.modules(), *head.modules()]:
+        if isinstance(module, torch.nn.Conv2d):
+            module.register_forward_pre_hook(lambda module, args: convs_run.append(module))
+    torch.testing.assert_close(_folded(body, head, images), _unfolded(plain_body, plain_head, images),
+                               rtol=1e-5, atol=1e-6)
+    assert convs_run == []   # folded: every convolution ran with its BatchNorm inside, none on its own
+    trained = [[p for p in [*b.parameters(), *h.parameters()] if p.requires_grad]
+               for b, h in ((body, head), (plain_body, plain_head))]
+    assert len(trained[0]) == len(trained[1]) > 0
+    initial = [p.detach().clone() for p in trained[0]]
+    optimizers = [torch.optim.SGD(params, lr=0.1) for params in trained]
+    for _ in range(4):
+        for forward, network, optimizer in zip((_folded, _unfolded), ((body, head), (plain_body, plain_head)),
+                                               optimizers):
+            optimizer.zero_grad()
+            forward(*network, images).pow(2).mean().backward()
+            optimizer.step()
+    for (name, p), q in zip([*body.named_parameters(), *head.named_parameters()],
+                            [*plain_body.parameters(), *plain_head.parameters()]):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+    assert all(not torch.equal(p, p0) for p, p0 in zip(trained[0], initial))   # every trained weight moved
+
+
+def test_a_batchnorm_in_training_mode_is_not_folded():
+    """The detector trains its BatchNorms: they normalise by batch statistics and update their running averages,
+    exactly as in torchvision's blocks."""
+    import copy
+
+    torch.manual_seed(0)
+    body, head, *_ = build_resnet_c4(FOLD_CFGS["bottleneck"])
+    plain_body, plain_head = copy.deepcopy(body), copy.deepcopy(head)
+    images = torch.randn(2, 3, 48, 64)
+    assert torch.equal(_folded(body, head, images), _unfolded(plain_body, plain_head, images))
+    for (name, ours), theirs in zip([*body.named_buffers(), *head.named_buffers()],
+                                    [*plain_body.buffers(), *plain_head.buffers()]):
+        assert torch.equal(ours, theirs), name
 
 
 def test_pixel_formats_on_a_known_pixel():

@@ -50,11 +50,12 @@ def random_boxes(rng: np.random.Generator) -> torch.Tensor:
 
 
 def record_dtypes(model: VLBertModel) -> dict:
-    """Output dtypes of an encoder Linear and a visual conv, filled in by the forward pass."""
+    """Output dtypes of an encoder Linear and a visual block (its convolutions, BatchNorm folded in, are called
+    as functions: resnet_c4.conv_bn), filled in by the forward pass."""
     seen: dict = {}
     model.encoder.layers[0].intermediate.register_forward_hook(
         lambda mod, args, out: seen.__setitem__("intermediate", out.dtype))
-    model.visual_network.body.layer3[0].conv2.register_forward_hook(
+    model.visual_network.body.layer3[0].register_forward_hook(
         lambda mod, args, out: seen.__setitem__("conv", out.dtype))
     return seen
 

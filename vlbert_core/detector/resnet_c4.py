@@ -12,7 +12,10 @@ DETECTOR_HEAD_PREFIX) so that `body.load_state_dict(...)` / `head.load_state_dic
 fresh `build_resnet_c4` pair built with the same config.
 
 BatchNorm is plain `nn.BatchNorm2d`: the detector trains it, and the VL-BERT side freezes it by
-putting the modules in eval mode and turning off their gradients.
+putting the modules in eval mode and turning off their gradients. A BatchNorm in eval mode is a fixed affine
+map per channel, so the blocks and the stem fold it into the convolution before it (`conv_bn`): one
+convolution with scaled weights and a bias instead of a convolution and a pass over its output, forward and
+backward. The weights and their names stay torchvision's.
 
 Two options reproduce the MSRA / Caffe ResNets of bottom-up attention and the released VL-BERT; neither
 changes a tensor's shape, so the same weights load either way:
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torchvision.models import resnet as tv_resnet
 
@@ -54,9 +58,55 @@ ROI_SAMPLING_RATIO = 2   # bilinear samples per bin side (released VL-BERT's ROI
 # VL-BERT's maskrcnn-benchmark ROIAlign.
 ROI_ALIGNED = False
 
-_TORCHVISION_DEPTHS = {18: tv_resnet.resnet18, 34: tv_resnet.resnet34, 50: tv_resnet.resnet50,
-                       101: tv_resnet.resnet101, 152: tv_resnet.resnet152}
-_BLOCKS = {"basic": tv_resnet.BasicBlock, "bottleneck": tv_resnet.Bottleneck}
+
+def conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d, x: torch.Tensor) -> torch.Tensor:
+    """bn(conv(x)). In eval mode the BatchNorm is y = scale * x + shift per channel, so it is folded into the
+    convolution: weights scaled per output channel, shift as the bias. The same function of x and of the weights
+    to fp32 rounding, and gradients reach conv.weight (and bn.weight / bn.bias where they train) through the fold.
+    A BatchNorm in training mode (the detector's) normalises by batch statistics and runs as it is."""
+    if bn.training or bn.running_var is None or bn.weight is None or conv.padding_mode != "zeros":
+        return bn(conv(x))
+    scale = bn.weight * torch.rsqrt(bn.running_var + bn.eps)
+    shift = bn.bias - bn.running_mean * scale
+    if conv.bias is not None:
+        shift = shift + conv.bias * scale
+    return F.conv2d(x, conv.weight * scale.reshape(-1, 1, 1, 1), shift, conv.stride, conv.padding, conv.dilation,
+                    conv.groups)
+
+
+class Bottleneck(tv_resnet.Bottleneck):
+    """torchvision's bottleneck (same modules, weights and names), its BatchNorms folded by conv_bn."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(conv_bn(self.conv1, self.bn1, x))
+        out = self.relu(conv_bn(self.conv2, self.bn2, out))
+        out = conv_bn(self.conv3, self.bn3, out)
+        out += x if self.downsample is None else conv_bn(self.downsample[0], self.downsample[1], x)
+        return self.relu(out)
+
+
+class BasicBlock(tv_resnet.BasicBlock):
+    """torchvision's basic block (same modules, weights and names), its BatchNorms folded by conv_bn."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(conv_bn(self.conv1, self.bn1, x))
+        out = conv_bn(self.conv2, self.bn2, out)
+        out += x if self.downsample is None else conv_bn(self.downsample[0], self.downsample[1], x)
+        return self.relu(out)
+
+
+class ResNetC4Body(nn.Sequential):
+    """conv1, bn1, relu, maxpool, layer1, layer2, layer3 in order (torchvision names), bn1 folded into conv1."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(conv_bn(self.conv1, self.bn1, x)))
+        return self.layer3(self.layer2(self.layer1(x)))
+
+
+# torchvision's block and stage depths of each standard ResNet (torchvision.models.resnet18, ...)
+_TORCHVISION_DEPTHS = {18: (BasicBlock, [2, 2, 2, 2]), 34: (BasicBlock, [3, 4, 6, 3]), 50: (Bottleneck, [3, 4, 6, 3]),
+                       101: (Bottleneck, [3, 4, 23, 3]), 152: (Bottleneck, [3, 8, 36, 3])}
+_BLOCKS = {"basic": BasicBlock, "bottleneck": Bottleneck}
 # The stem's max pool: torchvision pads by 1; Caffe pads by 0 and rounds the output size up.
 STEM_POOLS = {"torchvision": dict(kernel_size=3, stride=2, padding=1),
               "caffe": dict(kernel_size=3, stride=2, padding=0, ceil_mode=True)}
@@ -193,7 +243,7 @@ def build_resnet_c4(cfg: Mapping[str, Any] | ResNetC4Config) -> tuple[nn.Sequent
     """
     cfg = ResNetC4Config.from_dict(cfg)
     if cfg.depth is not None:
-        net = _TORCHVISION_DEPTHS[cfg.depth](weights=None)
+        net = tv_resnet.ResNet(*_TORCHVISION_DEPTHS[cfg.depth])   # as torchvision.models.resnet101(weights=None)
         stem = [("conv1", net.conv1), ("bn1", net.bn1), ("relu", net.relu), ("maxpool", net.maxpool)]
         stages = [net.layer1, net.layer2, net.layer3, net.layer4]
         body_out = _stage_out_channels(net.layer3)
@@ -225,7 +275,7 @@ def build_resnet_c4(cfg: Mapping[str, Any] | ResNetC4Config) -> tuple[nn.Sequent
     if cfg.head_dilation != 1:
         _dilate_head(stages[3], cfg.head_dilation)
 
-    body = nn.Sequential(OrderedDict(stem + [("layer1", stages[0]), ("layer2", stages[1]), ("layer3", stages[2])]))
+    body = ResNetC4Body(OrderedDict(stem + [("layer1", stages[0]), ("layer2", stages[1]), ("layer3", stages[2])]))
     head = nn.Sequential(OrderedDict([("layer4", stages[3]), ("avgpool", nn.AdaptiveAvgPool2d(1)),
                                       ("flatten", nn.Flatten(1))]))
     if cfg.init_weights:
