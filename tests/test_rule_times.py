@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import run_benchmark_reporting_torch
 
 from vlbert_core.rule_times import rule_table, rule_times, run_wall_seconds
 
@@ -58,16 +59,7 @@ def test_rule_times_name_the_bad_file(tmp_path):
 
 def test_the_benchmark_prints_the_rule_table_without_importing_torch(tmp_path):
     # `benchmarks/default_run.py RUN --rules-only` reads text files: it answers at once, not after importing torch
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "default_run.py"
-    code = ("import runpy, sys; sys.path.insert(0, sys.argv[1]); sys.argv = sys.argv[1:]; "
-            "runpy.run_path(sys.argv[0] + '/default_run.py', run_name='__main__'); "
-            "print('imported:', [m for m in ('torch', 'torchvision') if m in sys.modules])")
-    result = subprocess.run([sys.executable, "-c", code, str(script.parent), str(_run(tmp_path)), "--rules-only"],
-                            capture_output=True, text=True, timeout=120)
+    result = run_benchmark_reporting_torch("default_run", str(_run(tmp_path)), "--rules-only")
     assert result.returncode == 0, result.stderr
     assert "| pretrain | 2 | 100 | 66% | 94 | 60 |" in result.stdout
     assert result.stdout.rstrip().endswith("imported: []")
