@@ -278,7 +278,7 @@ def test_a_damaged_roi_parquet_is_named_with_the_rule_that_writes_it(dataset, sp
 
 
 def test_reading_a_roi_parquet_leaves_pyarrow_dataset_and_pandas_unimported(tmp_path):
-    """Every fine-tuning, pre-training and evaluation job reads RoI parquets: pq.read_table would import
+    """Every fine-tuning, pre-training and retrieval job reads RoI parquets: pq.read_table would import
     pyarrow.dataset and pandas, ~0.3 s of each job's start, for a table that ParquetFile reads as well."""
     path = write_rois(tmp_path / "rois.parquet", [f"train-{row:09d}" for row in range(len(CAPTIONS))])
     probe = ("import sys; from vlbert_core.rois import read_rois; "

@@ -74,15 +74,20 @@ def conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d, x: torch.Tensor) -> torch.Tenso
                     conv.groups)
 
 
+def add_shortcut(block: tv_resnet.Bottleneck | tv_resnet.BasicBlock, out: torch.Tensor,
+                 x: torch.Tensor) -> torch.Tensor:
+    """relu(out + the block's shortcut of x): x itself, or its downsample with that BatchNorm folded too."""
+    out += x if block.downsample is None else conv_bn(block.downsample[0], block.downsample[1], x)
+    return block.relu(out)
+
+
 class Bottleneck(tv_resnet.Bottleneck):
     """torchvision's bottleneck (same modules, weights and names), its BatchNorms folded by conv_bn."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.relu(conv_bn(self.conv1, self.bn1, x))
         out = self.relu(conv_bn(self.conv2, self.bn2, out))
-        out = conv_bn(self.conv3, self.bn3, out)
-        out += x if self.downsample is None else conv_bn(self.downsample[0], self.downsample[1], x)
-        return self.relu(out)
+        return add_shortcut(self, conv_bn(self.conv3, self.bn3, out), x)
 
 
 class BasicBlock(tv_resnet.BasicBlock):
@@ -90,9 +95,7 @@ class BasicBlock(tv_resnet.BasicBlock):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.relu(conv_bn(self.conv1, self.bn1, x))
-        out = conv_bn(self.conv2, self.bn2, out)
-        out += x if self.downsample is None else conv_bn(self.downsample[0], self.downsample[1], x)
-        return self.relu(out)
+        return add_shortcut(self, conv_bn(self.conv2, self.bn2, out), x)
 
 
 class ResNetC4Body(nn.Sequential):
