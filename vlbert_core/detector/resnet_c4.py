@@ -61,17 +61,33 @@ ROI_ALIGNED = False
 
 def conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d, x: torch.Tensor) -> torch.Tensor:
     """bn(conv(x)). In eval mode the BatchNorm is y = scale * x + shift per channel, so it is folded into the
-    convolution: weights scaled per output channel, shift as the bias. The same function of x and of the weights
-    to fp32 rounding, and gradients reach conv.weight (and bn.weight / bn.bias where they train) through the fold.
-    A BatchNorm in training mode (the detector's) normalises by batch statistics and runs as it is."""
+    convolution: shift as the bias, and the scale on whichever side is smaller, the weights or the output (per
+    output channel). The same function of x and of the weights to fp32 rounding, and gradients reach conv.weight
+    (and bn.weight / bn.bias where they train) through the fold. A BatchNorm in training mode (the detector's)
+    normalises by batch statistics and runs as it is."""
     if bn.training or bn.running_var is None or bn.weight is None or conv.padding_mode != "zeros":
         return bn(conv(x))
     scale = bn.weight * torch.rsqrt(bn.running_var + bn.eps)
     shift = bn.bias - bn.running_mean * scale
     if conv.bias is not None:
         shift = shift + conv.bias * scale
+    if output_positions(conv, x) < conv.weight[0].numel():
+        # Few output positions (small images, few RoIs: stage 4 of a 112 x 80 image has 35): scaling the weights
+        # would cost a weight-sized product and its gradient each step, and keep the scaled copy for the
+        # backward, where the output's product costs less and the convolution keeps the weight itself.
+        out = F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
+        return torch.addcmul(shift.reshape(-1, 1, 1), out, scale.reshape(-1, 1, 1))
     return F.conv2d(x, conv.weight * scale.reshape(-1, 1, 1, 1), shift, conv.stride, conv.padding, conv.dilation,
                     conv.groups)
+
+
+def output_positions(conv: nn.Conv2d, x: torch.Tensor) -> int:
+    """Images x output height x output width of conv on x [N, C, H, W]: its output's size per channel."""
+    positions = x.shape[0]
+    for size, kernel, stride, padding, dilation in zip(x.shape[-2:], conv.kernel_size, conv.stride, conv.padding,
+                                                       conv.dilation):
+        positions *= (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+    return positions
 
 
 def add_shortcut(block: tv_resnet.Bottleneck | tv_resnet.BasicBlock, out: torch.Tensor,
