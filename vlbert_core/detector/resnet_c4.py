@@ -76,7 +76,8 @@ def conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d, x: torch.Tensor) -> torch.Tenso
         # would cost a weight-sized product and its gradient each step, and keep the scaled copy for the
         # backward, where the output's product costs less and the convolution keeps the weight itself.
         out = F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
-        return torch.addcmul(shift.reshape(-1, 1, 1), out, scale.reshape(-1, 1, 1))
+        # In the convolution's dtype: under autocast (bf16) the fp32 scale would otherwise promote the output.
+        return torch.addcmul(shift.reshape(-1, 1, 1).to(out.dtype), out, scale.reshape(-1, 1, 1).to(out.dtype))
     return F.conv2d(x, conv.weight * scale.reshape(-1, 1, 1, 1), shift, conv.stride, conv.padding, conv.dilation,
                     conv.groups)
 
