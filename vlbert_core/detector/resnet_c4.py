@@ -71,7 +71,7 @@ def conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d, x: torch.Tensor) -> torch.Tenso
     shift = bn.bias - bn.running_mean * scale
     if conv.bias is not None:
         shift = shift + conv.bias * scale
-    if output_positions(conv, x) < conv.weight[0].numel():
+    if not isinstance(conv.padding, str) and output_positions(conv, x) < conv.weight[0].numel():
         # Few output positions (small images, few RoIs: stage 4 of a 112 x 80 image has 35): scaling the weights
         # would cost a weight-sized product and its gradient each step, and keep the scaled copy for the
         # backward, where the output's product costs less and the convolution keeps the weight itself.
@@ -83,7 +83,8 @@ def conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d, x: torch.Tensor) -> torch.Tenso
 
 
 def output_positions(conv: nn.Conv2d, x: torch.Tensor) -> int:
-    """Images x output height x output width of conv on x [N, C, H, W]: its output's size per channel."""
+    """Images x output height x output width of conv on x [N, C, H, W]: its output's size per channel (numeric
+    padding; conv_bn keeps "same" / "valid" on the weights' side)."""
     positions = x.shape[0]
     for size, kernel, stride, padding, dilation in zip(x.shape[-2:], conv.kernel_size, conv.stride, conv.padding,
                                                        conv.dilation):
