@@ -398,6 +398,14 @@ def _unfolded(body, head, images):
     return head.flatten(head.avgpool(blocks(head.layer4, _roi_features(x))))
 
 
+def _give_trained_like_statistics(bn: torch.nn.BatchNorm2d) -> None:
+    """Running statistics and affine weights away from their initial 0 / 1, as a trained network's are."""
+    bn.running_mean.normal_(0, 0.2)
+    bn.running_var.uniform_(0.5, 2.0)
+    bn.weight.data.uniform_(0.5, 1.5)
+    bn.bias.data.normal_(0, 0.1)
+
+
 def _frozen_bn_network(cfg):
     """A ResNet-C4 as VL-BERT trains it: every BatchNorm in eval mode with trained-like statistics and frozen,
     stages 1-2 frozen, stages 3-5 trained."""
@@ -405,10 +413,7 @@ def _frozen_bn_network(cfg):
     body, head, *_ = build_resnet_c4(cfg)
     for module in [*body.modules(), *head.modules()]:
         if isinstance(module, torch.nn.BatchNorm2d):
-            module.running_mean.normal_(0, 0.2)
-            module.running_var.uniform_(0.5, 2.0)
-            module.weight.data.uniform_(0.5, 1.5)
-            module.bias.data.normal_(0, 0.1)
+            _give_trained_like_statistics(module)
             module.eval().requires_grad_(False)
     for name in ("conv1", "layer1"):
         body.get_submodule(name).requires_grad_(False)
@@ -460,10 +465,7 @@ def test_conv_bn_scales_the_smaller_side(image_side, scaled):
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(8, 16, 3, padding=1, bias=False).double()
     bn = torch.nn.BatchNorm2d(16).double().eval()
-    bn.running_mean.normal_(0, 0.2)
-    bn.running_var.uniform_(0.5, 2.0)
-    bn.weight.data.uniform_(0.5, 1.5)
-    bn.bias.data.normal_(0, 0.1)
+    _give_trained_like_statistics(bn)
     x = torch.randn(1, 8, image_side, image_side, dtype=torch.float64, requires_grad=True)
     assert (output_positions(conv, x) < conv.weight[0].numel()) == (scaled == "output")
     grad_out = torch.randn(1, 16, image_side, image_side, dtype=torch.float64)
