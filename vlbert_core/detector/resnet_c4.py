@@ -14,8 +14,9 @@ fresh `build_resnet_c4` pair built with the same config.
 BatchNorm is plain `nn.BatchNorm2d`: the detector trains it, and the VL-BERT side freezes it by
 putting the modules in eval mode and turning off their gradients. A BatchNorm in eval mode is a fixed affine
 map per channel, so the blocks and the stem fold it into the convolution before it (`conv_bn`): one
-convolution with scaled weights and a bias instead of a convolution and a pass over its output, forward and
-backward. The weights and their names stay torchvision's.
+convolution with a bias, its per-channel scale on the weights or on the output (whichever is smaller), instead of
+a convolution and a BatchNorm pass over its output, forward and backward. The weights and their names stay
+torchvision's.
 
 Two options reproduce the MSRA / Caffe ResNets of bottom-up attention and the released VL-BERT; neither
 changes a tensor's shape, so the same weights load either way:
