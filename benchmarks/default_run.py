@@ -96,14 +96,18 @@ class StepTimeline:
         import torch
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        from vlbert_core.model.embeddings import VLBertEmbeddings
-        from vlbert_core.model.encoder import VLBertEncoder
-        from vlbert_core.model.visual import FastRCNNVisualNetwork
+        from vlbert_core.models.common.visual import FastRCNNVisualNetwork
+        from vlbert_core.models.registry import family
+
+        pretraining = family("vlbert").load("pretraining_module")
+        parts = {}  # the running model's embeddings and encoder, read off its pre-training module
 
         def pre(module, args):
-            if isinstance(module, FastRCNNVisualNetwork):
+            if isinstance(module, pretraining):
+                parts.update(embeddings=module.model.embeddings, encoder=module.model.encoder)
+            elif isinstance(module, FastRCNNVisualNetwork):
                 self.enter("visual network")
-            elif isinstance(module, VLBertEmbeddings):
+            elif module is parts.get("embeddings"):
                 self.enter("encoder")
 
         def post(module, args, output):
@@ -111,7 +115,7 @@ class StepTimeline:
                 self.enter("encoder")
                 if isinstance(output, torch.Tensor) and output.requires_grad:  # tuned: its backward comes last
                     output.register_hook(lambda grad: self.enter("visual network"))
-            elif isinstance(module, VLBertEncoder):
+            elif module is parts.get("encoder"):
                 self.enter("heads + losses")
                 if output.requires_grad:  # the heads' backward ends when the encoder output's gradient is ready
                     output.register_hook(lambda grad: self.enter("encoder"))

@@ -61,13 +61,14 @@ import contextlib
 import gc
 import io
 import itertools
+import json
 import math
 import platform
 import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -78,19 +79,23 @@ from torch.utils.flop_counter import FlopCounterMode
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vlbert_core.convert.reference import CLS_ID, FIRST_WORD_ID, MASK_ID, PAD_ID, SEP_ID  # noqa: E402
-from vlbert_core.model import VLBertConfig, VLBertModel, build_input_sequence, collate_samples  # noqa: E402
-from vlbert_core.model.config import RELEASED_OPTION_KEYS  # noqa: E402
-from vlbert_core.model.inputs import IGNORE_INDEX  # noqa: E402
+from vlbert_core.convert.vlbert.reference import CLS_ID, FIRST_WORD_ID, MASK_ID, PAD_ID, SEP_ID  # noqa: E402
+from vlbert_core.models.common.batch import collate_samples  # noqa: E402
+from vlbert_core.models.common.inputs import IGNORE_INDEX, build_input_sequence  # noqa: E402
+from vlbert_core.models.common.config import visual_backbone  # noqa: E402
+from vlbert_core.models.registry import family  # noqa: E402
 from vlbert_core.optim import OptimizerSettings, build_optimizer  # noqa: E402
 from vlbert_core.pretrain.__main__ import merge  # noqa: E402
 from vlbert_core.pretrain.data import collate_pretrain  # noqa: E402
-from vlbert_core.pretrain.loop import ADAM_BETAS, ADAM_EPS, visual_backbone  # noqa: E402
+from vlbert_core.pretrain.loop import ADAM_BETAS, ADAM_EPS  # noqa: E402
 from vlbert_core.pretrain.masking import mask_rois  # noqa: E402
-from vlbert_core.pretrain.objectives import VLBertForPretraining  # noqa: E402
 from vlbert_core.pretrain.settings import get_setting  # noqa: E402
 from vlbert_core.tasks.finetune import FinetuneModel, optimizer_settings, resolve_hparams  # noqa: E402
 from vlbert_core.utils import read_yaml  # noqa: E402
+
+VLBERT = family("vlbert")
+VLBertConfig, VLBertModel = VLBERT.config_class, VLBERT.load("model_class")
+VLBertForPretraining = VLBERT.load("pretraining_module")
 
 SECTION = "## GPU (paper architecture)"
 BASE_CONFIG, PAPER_CONFIG = REPO / "config" / "config.yaml", REPO / "config" / "paper_base.yaml"
@@ -162,6 +167,30 @@ DRY_RUN_SIZES = Sizes((112, 80), 3, pretrain_images=2, text_row_pieces=12, vqa_q
                       loader_jpeg_wh=(112, 80), loader_image_sides=(112, None), loader_batches=2)
 
 
+@dataclass(frozen=True)
+class Switches:
+    """The GPU-side A/B switches of issue 57 (--ab). The defaults are today's code; each is measured against
+    it on the GPU and kept only where faster and computing the same (the library's defaults are not changed)."""
+    compile: bool = False            # torch.compile of the encoder and the heads (nn.Module.compile, in place)
+    compile_backend: str = "inductor"
+    foreach: bool = False            # torch's default optimiser kernels instead of the fused ones both loops use
+    bf16: bool = False               # bf16 autocast in fine-tuning and RoI extraction (both fp32 today)
+    channels_last: bool = False      # the visual network's / detector's weights, so their convolutions, channels_last
+    rois_batch_multiple: int = 1     # RoI extraction: this many times rois.batch_size images per forward
+
+
+DEFAULT_SWITCHES = Switches()
+# switch -> (the Switches it sets, the workloads it changes)
+AB_SWITCHES = {
+    "compile": ({"compile": True}, ("pretrain", "vqa", "vcr")),
+    "foreach": ({"foreach": True}, ("pretrain", "vqa", "vcr")),
+    "bf16": ({"bf16": True}, ("vqa", "vcr", "rois")),
+    "channels_last": ({"channels_last": True}, ("pretrain", "vqa", "vcr", "rois")),
+    "rois_batch": ({}, ("rois",)),   # rois_batch_multiple from --rois-batch-multiple
+}
+AB_ROUNDS = 3                        # alternating rounds per switch and workload on the GPU
+
+
 # ---- the paper configuration -----------------------------------------------------------------------------------
 
 def paper_config() -> dict:
@@ -180,7 +209,7 @@ def paper_sizes(cfg: dict) -> Sizes:
 
 def vlbert_config(cfg: dict, *, tune_frcnn: bool) -> VLBertConfig:
     """The paper VL-BERT: BERT-BASE and the config's visual network and released options
-    (vlbert_core/pretrain/loop.py build_vlbert_config without reading a BERT checkpoint)."""
+    (vlbert_core/models/vlbert/config.py build_vlbert_config without reading a BERT checkpoint)."""
     model = cfg["model"]
     backbone, appearance_dim = visual_backbone(model, {"config": cfg["detector"]})
     return VLBertConfig(**BERT_BASE, visual_backbone=backbone, appearance_dim=appearance_dim,
@@ -190,7 +219,7 @@ def vlbert_config(cfg: dict, *, tune_frcnn: bool) -> VLBertConfig:
                         visual_scale_text_init=float(model["visual_scale_text_init"]),
                         visual_scale_object_init=float(model["visual_scale_object_init"]),
                         standardise_appearance=bool(model["standardise_appearance"]),
-                        **{k: model[k] for k in RELEASED_OPTION_KEYS if model.get(k) is not None})
+                        **{k: model[k] for k in VLBertConfig.released_option_keys if model.get(k) is not None})
 
 
 # ---- synthetic batches -----------------------------------------------------------------------------------------
@@ -390,16 +419,29 @@ class Workload:
     describe: Callable[[int], str]
     step_at: Callable[[int], Callable[[], None]]
     doubles: bool              # whether the largest batch that fits is searched
+    module: torch.nn.Module | None = None   # what a step trains (weights_after)
 
 
-def pretraining_workload(cfg: dict, sizes: Sizes, device: torch.device) -> Workload:
+def apply_switches(visual: torch.nn.Module, compiled: list[torch.nn.Module], switches: Switches) -> None:
+    """channels_last for the convolutions of `visual`; torch.compile of each of `compiled`, in place."""
+    if switches.channels_last:
+        visual.to(memory_format=torch.channels_last)
+    if switches.compile:
+        for module in compiled:
+            module.compile(backend=switches.compile_backend)
+
+
+def pretraining_workload(cfg: dict, sizes: Sizes, device: torch.device,
+                         switches: Switches = DEFAULT_SWITCHES) -> Workload:
     pre = cfg["pretrain"]
     config = vlbert_config(cfg, tune_frcnn=True)
     module = VLBertForPretraining(VLBertModel(config), get_setting("full")).to(device).train()
     # as the loop builds it; the lr (the released peak, 256 samples a step) does not change the step's cost
     optimizer = build_optimizer(module, OptimizerSettings(
         "adamw", lr=float(pre["lr_per_sample"]) * 256, weight_decay=float(pre["weight_decay"]), betas=ADAM_BETAS,
-        eps=ADAM_EPS, fused=True), lr_scales=[(module.model.visual_network, float(pre.get("visual_lr_scale", 1.0)))])
+        eps=ADAM_EPS, fused=None if switches.foreach else True),
+        lr_scales=[(module.model.visual_network, float(pre.get("visual_lr_scale", 1.0)))])
+    apply_switches(module.model.visual_network, [module.model.encoder, module.heads], switches)
     pool = pretraining_samples(np.random.default_rng(0), sizes, config)
     images, texts = pool[: sizes.pretrain_images], pool[sizes.pretrain_images:]
     dtype = torch.bfloat16 if device.type == "cuda" else None   # the loop: bf16 autocast on CUDA only
@@ -412,10 +454,11 @@ def pretraining_workload(cfg: dict, sizes: Sizes, device: torch.device) -> Workl
     return Workload("pre-training, setting full", "bf16 autocast" if dtype else "fp32", "rows",
                     lambda k: k * len(pool),
                     lambda k: f"{k * len(images)} <caption, image> ({w}x{h}, {sizes.boxes} boxes) + "
-                              f"{k * len(texts)} text-only rows", step_at, doubles=True)
+                              f"{k * len(texts)} text-only rows", step_at, doubles=True, module=module)
 
 
-def finetuning_workload(task: str, cfg: dict, sizes: Sizes, device: torch.device) -> Workload:
+def finetuning_workload(task: str, cfg: dict, sizes: Sizes, device: torch.device,
+                        switches: Switches = DEFAULT_SWITCHES) -> Workload:
     """VQA or VCR Q->A as finetune.py trains it: the config's tune_frcnn, optimiser, clipping; no autocast."""
     hp = resolve_hparams(task, cfg["finetune"][task])
     encoder = VLBertModel(vlbert_config(cfg, tune_frcnn=bool(cfg["finetune"]["tune_frcnn"])))
@@ -425,7 +468,10 @@ def finetuning_workload(task: str, cfg: dict, sizes: Sizes, device: torch.device
         meta = {"name": task, "object_names": [f"object {i}" for i in range(VCR_OBJECT_CLASSES)],
                 "aux_roi_loss_weight": float(hp["aux_roi_loss_weight"]), "mask_id": MASK_ID}
     model = FinetuneModel(task, encoder, meta).to(device).train()
-    optimizer = build_optimizer(model, optimizer_settings(hp))
+    settings = optimizer_settings(hp)
+    optimizer = build_optimizer(model, replace(settings, fused=None) if switches.foreach else settings)
+    apply_switches(encoder.visual_network, [encoder.encoder, model.head], switches)
+    dtype = torch.bfloat16 if switches.bf16 else None
     rows_per_sample = VCR_CANDIDATES if task == "vcr_q2a" else 1
     fresh_images = itertools.count()
 
@@ -441,7 +487,7 @@ def finetuning_workload(task: str, cfg: dict, sizes: Sizes, device: torch.device
             first = next(fresh_images) * batch.batch_size
             keys = [f"image {first + row // rows_per_sample}" for row in range(batch.batch_size)]
             return model.loss(batch, {**extras, "image_keys": keys})[0]
-        return training_step(model, optimizer, loss_of, float(hp["clip_grad"]), None, device)
+        return training_step(model, optimizer, loss_of, float(hp["clip_grad"]), dtype, device)
 
     questions = sizes.vqa_questions if task == "vqa" else sizes.vcr_questions
     w, h = sizes.image_wh
@@ -449,12 +495,13 @@ def finetuning_workload(task: str, cfg: dict, sizes: Sizes, device: torch.device
     optimiser = {"adamw": "AdamW", "sgd": "SGD"}[hp["optimizer"]]
     visual = "tuned" if cfg["finetune"]["tune_frcnn"] else "frozen"
     name = {"vqa": "VQA", "vcr_q2a": "VCR Q→A"}[task] + f" fine-tuning ({optimiser}, visual network {visual})"
-    return Workload(name, "fp32", "questions", lambda k: k * questions,
+    return Workload(name, "bf16 autocast" if dtype else "fp32", "questions", lambda k: k * questions,
                     lambda k: f"{plural(k * questions, 'question')}{rows} ({w}x{h}, {sizes.boxes} boxes)", step_at,
-                    doubles=True)
+                    doubles=True, module=model)
 
 
-def extraction_workload(cfg: dict, sizes: Sizes, device: torch.device) -> Workload:
+def extraction_workload(cfg: dict, sizes: Sizes, device: torch.device,
+                        switches: Switches = DEFAULT_SWITCHES) -> Workload:
     from vlbert_core.detector import build_detector, detect_rois, selection_kwargs, to_unit_float
 
     detector_cfg = {**cfg["detector"], **sizes.detector_overrides}
@@ -467,24 +514,32 @@ def extraction_workload(cfg: dict, sizes: Sizes, device: torch.device) -> Worklo
         torch.nn.init.zeros_(regression.weight)
         torch.nn.init.zeros_(regression.bias)
     model.to(device)
+    apply_switches(model, [], switches)
     select = selection_kwargs(cfg["rois"])
     rng = np.random.default_rng(2)
     w, h = sizes.image_wh
-    images = [torch.from_numpy(rng.integers(0, 256, (3, h, w), dtype=np.uint8)) for _ in range(sizes.detector_images)]
+    images = [torch.from_numpy(rng.integers(0, 256, (3, h, w), dtype=np.uint8))
+              for _ in range(sizes.detector_images)] * switches.rois_batch_multiple
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if switches.bf16 else contextlib.nullcontext())
 
     def step_at(multiple: int) -> Callable[[], None]:
         # what extract_rois_to_parquet does with a decoded batch: unit floats on the CPU, then detect_rois
-        return lambda: detect_rois(model, [to_unit_float(image) for image in images * multiple], select)
+        def step() -> None:
+            with autocast:
+                detect_rois(model, [to_unit_float(image) for image in images * multiple], select)
+        return step
 
-    return Workload("RoI extraction (detect_rois)", "fp32 inference", "images", lambda k: k * len(images),
+    return Workload("RoI extraction (detect_rois)", "bf16 autocast inference" if switches.bf16 else "fp32 inference", "images", lambda k: k * len(images),
                     lambda k: f"{k * len(images)} images of {w}x{h} (resized to "
                               f"{detector_cfg['min_size']}/{detector_cfg['max_size']}), {select['min_boxes']}-"
                               f"{select['max_boxes']} RoIs kept", step_at, doubles=False)
 
 
 WORKLOADS = {"pretrain": pretraining_workload,
-             "vqa": lambda cfg, sizes, device: finetuning_workload("vqa", cfg, sizes, device),
-             "vcr": lambda cfg, sizes, device: finetuning_workload("vcr_q2a", cfg, sizes, device),
+             "vqa": lambda cfg, sizes, device, switches=DEFAULT_SWITCHES: finetuning_workload(
+                 "vqa", cfg, sizes, device, switches),
+             "vcr": lambda cfg, sizes, device, switches=DEFAULT_SWITCHES: finetuning_workload(
+                 "vcr_q2a", cfg, sizes, device, switches),
              "rois": extraction_workload}
 ALL_PARTS = [*WORKLOADS, "loader"]
 
@@ -525,6 +580,84 @@ def largest_that_fits(try_multiple: Callable[[int], Measurement],
             why = f"x{multiple} took {result.step_s:.1f} s a step; larger batches were not tried"
             break
     return largest, why
+
+
+# ---- A/B switches (--ab) -------------------------------------------------------------------------------------------
+
+def switches_of(name: str, args) -> Switches:
+    settings, _ = AB_SWITCHES[name]
+    extra = {"rois_batch_multiple": args.rois_batch_multiple} if name == "rois_batch" else {}
+    return Switches(**settings, **extra, compile_backend=args.compile_backend)
+
+
+def timed_steps(step: Callable[[], None], device: torch.device, steps: int) -> tuple[float, int | None]:
+    """(median s, peak GPU bytes over them) of `steps` steps, each ended by a synchronisation."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        step()
+        synchronize(device)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), (torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
+
+
+def ab_row(workload_name: str, switch: str, cfg: dict, sizes: Sizes, device: torch.device, args) -> dict:
+    """Today's code (A) and the switch (B) on one workload, both built in this process: `warmup` steps each
+    (torch.compile compiles there), then rounds of `steps` steps alternating A, B / B, A / ...; B / A per round."""
+    a = WORKLOADS[workload_name](cfg, sizes, device).step_at(1)
+    b = WORKLOADS[workload_name](cfg, sizes, device, switches_of(switch, args)).step_at(1)
+    for step in (a, b):
+        for _ in range(args.ab_warmup):
+            step()
+    synchronize(device)
+    medians, peaks = {"A": [], "B": []}, {"A": [], "B": []}
+    for k in range(args.ab_rounds):
+        for side in (("A", "B") if k % 2 == 0 else ("B", "A")):
+            median, peak = timed_steps(a if side == "A" else b, device, args.ab_steps)
+            medians[side].append(median)
+            peaks[side].append(peak)
+    del a, b
+    release_memory(device)
+    per_sample = args.rois_batch_multiple if switch == "rois_batch" else 1   # B's step holds k x the images
+    ratios = [mb / per_sample / ma for ma, mb in zip(medians["A"], medians["B"])]
+    return {"workload": workload_name, "switch": switch, "a_s": medians["A"], "b_s": medians["B"], "ratios": ratios,
+            "peak_a": max(peaks["A"], key=lambda x: x or 0), "peak_b": max(peaks["B"], key=lambda x: x or 0)}
+
+
+def ab_table(rows: list[dict]) -> str:
+    lines = ["| workload | switch | today, median step (ms) | switch (ms) | switch / today per round (per sample) | "
+             "median | peak GPU memory today / switch (GiB) |", "|---|---|---:|---:|---|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['workload']} | {r['switch']} | {1000 * statistics.median(r['a_s']):.0f} | "
+                     f"{1000 * statistics.median(r['b_s']):.0f} | {', '.join(f'{x:.3f}' for x in r['ratios'])} | "
+                     f"**{statistics.median(r['ratios']):.3f}** | {gib(r['peak_a'])} / {gib(r['peak_b'])} |")
+    return "\n".join(lines)
+
+
+def ab_rows(args, cfg: dict, sizes: Sizes, device: torch.device) -> list[dict]:
+    rows = []
+    for switch in args.ab:
+        for name in AB_SWITCHES[switch][1]:
+            if name in args.only or not args.only:
+                rows.append(ab_row(name, switch, cfg, sizes, device, args))
+                print(f"ab: {name} {switch}: median switch / today {statistics.median(rows[-1]['ratios']):.3f}",
+                      file=sys.stderr, flush=True)
+    return rows
+
+
+def weights_after(workload_name: str, switches: Switches, cfg: dict, sizes: Sizes, steps: int,
+                  seed: int = 0) -> dict[str, torch.Tensor]:
+    """The trainable weights after `steps` steps of a workload on the CPU in fp32, from seed `seed`: equal for
+    a switch that computes what today's code does (tests/test_benchmark_gpu.py)."""
+    torch.manual_seed(seed)
+    workload = WORKLOADS[workload_name](cfg, sizes, torch.device("cpu"), switches)
+    step = workload.step_at(1)
+    torch.manual_seed(seed + 1)
+    for _ in range(steps):
+        step()
+    return {k: v.detach().clone() for k, v in workload.module.named_parameters() if v.requires_grad}
 
 
 # ---- the data loader ---------------------------------------------------------------------------------------------
@@ -581,7 +714,7 @@ def write_loader_shards(directory: Path, sizes: Sizes, num_classes: int) -> tupl
 
 def loader_rate(cfg: dict, sizes: Sizes, config: VLBertConfig) -> LoaderRate:
     """Samples per second that one DataLoader worker running one data stream hands to the training process."""
-    from vlbert_core.model import load_tokenizer
+    from vlbert_core.models.common.bert_init import load_tokenizer
     from vlbert_core.pretrain.data import (CaptionImageStream, DataStream, PretrainBatches, StreamConfig, TextStream,
                                            pair_shards_with_rois)
     from vlbert_core.pretrain.masking import MaskingVocab
@@ -739,18 +872,58 @@ def gpu_run(args, cfg: dict) -> None:
                  f"{cfg['finetune']['vqa']['batch_size']} questions, VCR {cfg['finetune']['vcr_q2a']['batch_size']} "
                  "questions a step (the largest-batch rows say whether that fits).")
     loader = loader_rate(cfg, sizes, vlbert_config(cfg, tune_frcnn=True)) if "loader" in args.only else None
-    report = gpu_report(command_line(args), gpu_machine(device), bf16_peak(device_name), rows, notes, loader,
+    peak = bf16_peak(device_name)
+    report = gpu_report(command_line(args), gpu_machine(device), peak, rows, notes, loader,
                         int(cfg["pretrain"]["streams_per_rank"]))
+    report += extras(args, cfg, sizes, device, rows, loader, None if peak is None else peak[1], peak and peak[0])
     print(report)
     if args.write_docs:
         replace_section(SECTION, report)
 
 
+def extras(args, cfg: dict, sizes: Sizes, device: torch.device, rows: list[Measurement], loader: LoaderRate | None,
+           peak_flops: float | None, gpu_name: str | None) -> str:
+    """The report's parts after the workloads: --ab, --authors-repo and the GPU-hours estimate."""
+    import gpu_hours
+    import gpu_vs_authors
+
+    parts, record = [], {"rows": [r.__dict__ for r in rows], "loader": loader and loader.__dict__}
+    if args.ab:
+        ab = ab_rows(args, cfg, sizes, device)
+        record["ab"] = ab
+        parts += ["", f"A/B switches against today's code ({args.ab_rounds} alternating rounds of {args.ab_steps} "
+                  f"steps after {args.ab_warmup} warm-up steps each, both built in one process; the rois_batch "
+                  f"switch runs {args.rois_batch_multiple}x rois.batch_size images a forward, its ratio per image):",
+                  "", ab_table(ab)]
+    if args.authors_repo is not None:
+        size = gpu_vs_authors.RELEASED if device.type == "cuda" else gpu_vs_authors.DRY_RUN
+        text, authors = gpu_vs_authors.run(args, size, peak_flops)
+        record["authors"] = authors
+        parts += ["", "Ours beside the authors' code (jackroos/VL-BERT), the same weights and batch, each side in its "
+                  f"own process, {args.authors_pairs} alternating pairs per batch, {args.steps} timed steps after "
+                  f"{args.warmup} per process (benchmarks/gpu_vs_authors.py says how):", "", text]
+    pretrain = [r for r in rows if r.workload.startswith("pre-training")]
+    if pretrain and loader is not None:
+        measured = {}
+        for task, key in (("vqa", "VQA"), ("vcr_q2a", "VCR")):
+            task_rows = [r for r in rows if r.workload.startswith(key)]
+            if task_rows:   # the measured batch nearest the config's
+                batch = int(cfg["finetune"][task]["batch_size"])
+                best = min(task_rows, key=lambda r: abs(r.samples - batch))
+                measured[task] = (best.step_s, best.samples)
+        parts += ["", "GPU-hours at these step times (benchmarks/gpu_hours.py says how):", "",
+                  *gpu_hours.estimate_lines(cfg, pretrain[0].step_s, loader.samples_per_s,
+                                            int(cfg["pretrain"]["streams_per_rank"]), measured, gpu_name or "GPU")]
+    if args.out_json:
+        Path(args.out_json).write_text(json.dumps(record, indent=1, default=str))
+    return "\n".join(parts)
+
+
 def cpu_dry_run(args, cfg: dict) -> None:
     """One step of every workload at fixture size on the CPU, through the functions the GPU run uses."""
     device = torch.device("cpu")
-    print("no CUDA device found: the GPU table is not measured; CPU dry run (fp32, fixture-sized batches, one "
-          "counted and one timed step per workload)", flush=True)
+    print(f"{'--device cpu' if torch.cuda.is_available() else 'no CUDA device found'}: the GPU table is not measured; "
+          "CPU dry run (fp32, fixture-sized batches, one counted and one timed step per workload)", flush=True)
     rows = []
     for name in [n for n in WORKLOADS if n in args.only]:
         workload = WORKLOADS[name](cfg, DRY_RUN_SIZES, device)
@@ -760,31 +933,65 @@ def cpu_dry_run(args, cfg: dict) -> None:
         del workload
         release_memory(device)
     print(table(rows, None))
+    rate = None
     if "loader" in args.only:
         rate = loader_rate(cfg, DRY_RUN_SIZES, vlbert_config(cfg, tune_frcnn=True))
         print(f"dry run: loader: {rate.samples_per_s:.1f} samples/s from one worker ({rate.per_batch} a batch)")
         print("\n".join(workers_needed([r for r in rows if r.workload.startswith("pre-training")], rate)))
+    print(extras(args, cfg, DRY_RUN_SIZES, device, rows, rate, None, "dry-run"), flush=True)
     if args.write_docs:
         print(f"--write-docs: not written; '{SECTION}' is written from a GPU run only", file=sys.stderr)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", nargs="+", choices=ALL_PARTS, default=ALL_PARTS,
-                        help="workloads to run (default all)")
+    parser.add_argument("--only", nargs="*", choices=ALL_PARTS, default=ALL_PARTS,
+                        help="workloads to run (default all; none: only --ab / --authors-repo)")
+    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                        help="auto: the GPU where there is one, else the CPU dry run")
     parser.add_argument("--warmup", type=int, default=WARMUP_STEPS, help="untimed steps at the released batch")
     parser.add_argument("--steps", type=int, default=TIMED_STEPS, help="timed steps at the released batch")
     parser.add_argument("--no-search", action="store_true", help="skip the search for the largest batch that fits")
     parser.add_argument("--write-docs", action="store_true",
                         help=f"replace '{SECTION}' in docs/benchmarks.md (GPU only)")
-    return parser.parse_args(argv)
+    parser.add_argument("--out-json", type=Path, help="also write every measurement here")
+    ab = parser.add_argument_group("A/B switches against today's code (issue 57)")
+    ab.add_argument("--ab", nargs="*", choices=list(AB_SWITCHES), default=[],
+                    help="compile: torch.compile of encoder and heads; foreach: torch's default optimiser kernels "
+                         "instead of the fused ones; bf16: autocast in fine-tuning and RoI extraction; "
+                         "channels_last: the convolutions; rois_batch: larger RoI-extraction batches")
+    ab.add_argument("--ab-rounds", type=int, default=None, help=f"alternating rounds (GPU default {AB_ROUNDS})")
+    ab.add_argument("--ab-steps", type=int, default=None, help="timed steps per round (GPU default 5)")
+    ab.add_argument("--ab-warmup", type=int, default=None, help="untimed steps per side (GPU default 3)")
+    ab.add_argument("--compile-backend", default=None, help="torch.compile backend (default: inductor on a GPU, "
+                    "eager in the CPU dry run)")
+    ab.add_argument("--rois-batch-multiple", type=int, default=2, help="the rois_batch switch's images per forward, "
+                    "as a multiple of rois.batch_size")
+    authors = parser.add_argument_group("against the authors' code (benchmarks/gpu_vs_authors.py)")
+    authors.add_argument("--authors-repo", type=Path, help="a checkout of jackroos/VL-BERT")
+    authors.add_argument("--authors-python", default=sys.executable, help="the Python their step runs under")
+    authors.add_argument("--authors-pairs", type=int, default=None, help="alternating pairs (GPU default 3)")
+    authors.add_argument("--authors-multiples", type=int, nargs="+", default=[1],
+                         help="batches, as multiples of the released per-GPU batch (8 + 8 rows)")
+    authors.add_argument("--threads", type=int, default=1, help="CPU threads of each authors-comparison process")
+    args = parser.parse_args(argv)
+    dry = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
+    defaults = {"ab_rounds": 1 if dry else AB_ROUNDS, "ab_steps": 1 if dry else 5, "ab_warmup": 1 if dry else 3,
+                "compile_backend": "eager" if dry else "inductor", "authors_pairs": 1 if dry else 3}
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.authors_repo is not None and dry:
+        args.warmup, args.steps = min(args.warmup, 1), min(args.steps, 1)
+    return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     cfg = paper_config()
     torch.manual_seed(0)
-    if torch.cuda.is_available():
+    args.device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    if args.device == "cuda":
         gpu_run(args, cfg)
     else:
         cpu_dry_run(args, cfg)

@@ -47,17 +47,21 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vlbert_core.model import VLBertConfig, VLBertModel, build_input_sequence, load_tokenizer  # noqa: E402
-from vlbert_core.model.bert_init import read_bert_config  # noqa: E402
-from vlbert_core.model.config import bert_fields_from_hf_config  # noqa: E402
 from vlbert_core.detector import build_resnet_c4  # noqa: E402
+from vlbert_core.models.common.bert_init import load_tokenizer, read_bert_config  # noqa: E402
+from vlbert_core.models.common.config import bert_fields_from_hf_config  # noqa: E402
+from vlbert_core.models.common.inputs import build_input_sequence  # noqa: E402
+from vlbert_core.models.registry import family  # noqa: E402
+from vlbert_core.optim import OptimizerSettings, build_optimizer  # noqa: E402
 from vlbert_core.pretrain import get_setting  # noqa: E402
 from vlbert_core.pretrain.data import collate_pretrain  # noqa: E402
-from vlbert_core.optim import OptimizerSettings, build_optimizer  # noqa: E402
 from vlbert_core.pretrain.loop import ADAM_BETAS, ADAM_EPS  # noqa: E402
 from vlbert_core.pretrain.masking import IGNORE_INDEX, MaskingVocab, mask_rois, whole_word_mask  # noqa: E402
-from vlbert_core.pretrain.objectives import VLBertForPretraining  # noqa: E402
 from vlbert_core.utils import keep_freed_memory  # noqa: E402
+
+VLBERT = family("vlbert")
+VLBertConfig, VLBertModel = VLBERT.config_class, VLBERT.load("model_class")
+VLBertForPretraining = VLBERT.load("pretraining_module")
 
 
 SECTION = "## Pre-training step"
@@ -265,7 +269,7 @@ def main() -> None:
         f"{batch.inputs.boxes.shape[1]} boxes on {batch.inputs.images.shape[-1]}-px images + {batch_size - num_cc} "
         f"<Text, ∅>), padded length {length}, {int((batch.mlm_labels != IGNORE_INDEX).sum())} masked tokens; the "
         "bare BertModel gets the same ids and padding mask. VL-BERT's encoder runs its projections on the "
-        f"{int(batch.inputs.attention_mask.sum())} real elements only (`PackedLayout`, model/encoder.py), as the "
+        f"{int(batch.inputs.attention_mask.sum())} real elements only (`PackedLayout`, models/common/encoder.py), as the "
         "loop does. Visual network: the default detector's ResNet-C4 "
         f"(stage widths {any_config.visual_backbone['stage_widths']}, {any_config.appearance_dim}-d RoI "
         f"features), geometry {any_config.geometry_dim}-d. Random weights.",

@@ -7,7 +7,7 @@ masked words; MLM on both kinds, masked-RoI classification. A step is forward, b
 update of the trainable parameters, fp32 on the CPU.
 
 - The weights: a stand-in of the released checkpoint with trained-like random values
-  (vlbert_core/convert/reference.py), in the authors' format for them and converted (`python -m
+  (vlbert_core/convert/vlbert/reference.py), in the authors' format for them and converted (`python -m
   vlbert_core.convert vl-bert`) for us. Our model continues from it in setting `full`
   (pretrain.start_from_model), as `pretrain.init_from` does.
 - The batch, in the authors' arrays: `fixture` is the converter check's batch (2 images of 112 x 80 and
@@ -60,7 +60,7 @@ from docs_section import replace_section  # noqa: E402
 
 SECTION = "## Against the authors' code (pre-training step, paper architecture)"
 LAYOUT = "pretrain-e2e"
-MANIFEST = REPO / "tests" / "data" / "manifests" / "vl-bert-base-e2e.json"
+MANIFEST = REPO / "vlbert_core" / "convert" / "manifests" / "vl-bert-base-e2e.json"
 AUTHORS_STEP = REPO / "benchmarks" / "authors_step.py"
 RELEASED_IMAGE = (160, 120)       # W x H of the released batch's images
 RELEASED_BOXES = 10               # per image, the whole-image box included
@@ -93,11 +93,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # ---- the batches ----------------------------------------------------------------------------------------------
 
-def released_batch(seed: int) -> dict[str, np.ndarray]:
-    """The released per-GPU batch in the authors' arrays (reference.reference_inputs' keys): RELEASED_ROWS
-    images with RELEASED_BOXES boxes and a caption each, RELEASED_ROWS text-only rows of TEXT_ROW_LENGTH word
-    pieces; 15% of the words and of the boxes (never box 0) masked, at least one of each per row."""
-    from vlbert_core.convert.reference import CLS_ID, FIRST_WORD_ID, MASK_ID, NUM_REGION_CLASSES, SEP_ID
+def released_batch(seed: int, image: tuple[int, int] = RELEASED_IMAGE, boxes_per_image: int = RELEASED_BOXES,
+                   rows: int = RELEASED_ROWS, text_length: int = TEXT_ROW_LENGTH) -> dict[str, np.ndarray]:
+    """The released per-GPU batch in the authors' arrays (reference.reference_inputs' keys): `rows`
+    (RELEASED_ROWS) images of `image` (W x H) with `boxes_per_image` boxes and a caption each, `rows` text-only
+    rows of `text_length` word pieces; 15% of the words and of the boxes (never box 0) masked, at least one of
+    each per row. benchmarks/gpu.py --authors-repo asks for the full released sizes."""
+    RELEASED_IMAGE, RELEASED_BOXES, RELEASED_ROWS, TEXT_ROW_LENGTH = image, boxes_per_image, rows, text_length
+    from vlbert_core.convert.vlbert.reference import CLS_ID, FIRST_WORD_ID, MASK_ID, NUM_REGION_CLASSES, SEP_ID
 
     rng = np.random.default_rng([seed, 1])
     (w, h), n = RELEASED_IMAGE, RELEASED_BOXES
@@ -142,26 +145,29 @@ def released_batch(seed: int) -> dict[str, np.ndarray]:
 
 
 def batch_inputs(name: str, seed: int) -> dict[str, np.ndarray]:
-    from vlbert_core.convert.reference import reference_inputs
     from vlbert_core.convert.released_heads import get_layout
+    from vlbert_core.convert.vlbert.reference import reference_inputs
 
     return reference_inputs(get_layout(LAYOUT), seed) if name == "fixture" else released_batch(seed)
 
 
-def prepare(workdir: Path, batches: list[str], seed: int) -> dict:
-    """The stand-in checkpoint (the authors' format), its conversion, and each batch with its normalised images."""
-    from vlbert_core.convert.reference import normalised_images, save_arrays
+def prepare(workdir: Path, batches: list[str], seed: int, batch_of=None) -> dict:
+    """The stand-in checkpoint (the authors' format), its conversion, and each batch with its normalised images
+    (batch_of(name, seed): the batch's arrays; default batch_inputs)."""
     from vlbert_core.convert.released_heads import get_layout
+    from vlbert_core.convert.stages import save_arrays
     from vlbert_core.convert.verify import convert_files, write_stand_in_files
-    from vlbert_core.model.config import VLBertConfig, visual_pixel_format
+    from vlbert_core.convert.vlbert.reference import normalised_images
+    from vlbert_core.models.common.config import visual_pixel_format
+    from vlbert_core.models.registry import family
 
     layout = get_layout(LAYOUT)
     files = write_stand_in_files(MANIFEST, layout, workdir, seed)
     converted = convert_files(files, layout, workdir / "converted")
-    config = VLBertConfig.from_dict(json.loads((converted / "config.json").read_text()))
+    config = family("vlbert").config_class.from_dict(json.loads((converted / "config.json").read_text()))
     paths = {}
     for name in batches:
-        inputs = batch_inputs(name, seed)
+        inputs = (batch_of or batch_inputs)(name, seed)
         inputs["normalised_images"] = normalised_images(inputs, visual_pixel_format(config))
         paths[name] = workdir / f"{name}.npz"
         save_arrays(inputs, paths[name])
@@ -175,7 +181,8 @@ def our_worker(model_dir: Path, inputs_path: Path, threads: int, steps: int) -> 
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from vlbert_core.convert.reference import load_arrays, pretrain_batch
+    from vlbert_core.convert.stages import load_arrays
+    from vlbert_core.convert.vlbert.reference import pretrain_batch
     from vlbert_core.pretrain.loop import start_from_model
     from vlbert_core.pretrain.settings import get_setting
     from vlbert_core.utils import setup_compute

@@ -86,11 +86,13 @@ def load_script(name: str):
 
 
 def load_benchmark(name: str):
-    """A benchmarks/*.py script as a module, to test its functions."""
-    return _load_module(REPO / "benchmarks" / f"{name}.py", f"benchmark_{name}")
+    """A benchmarks/*.py script as a module, to test its functions; `name` is its path under benchmarks/ without
+    `.py`, e.g. "gpu" or "diagnostics/sentence_readout"."""
+    return _load_module(REPO / "benchmarks" / f"{name}.py", f"benchmark_{name.replace('/', '_')}")
 
 
-# What a benchmark script run as `python benchmarks/NAME.py ARGS` imported, printed after it (or its --help) ends.
+# What a benchmark script run as `python benchmarks/NAME.py ARGS` imported, printed after it (or its --help) ends;
+# argv[1], the script's own folder, goes first on sys.path, as `python SCRIPT` puts it.
 _RUN_AND_REPORT_IMPORTS = """import runpy, sys
 sys.path.insert(0, sys.argv[1])
 sys.argv = sys.argv[2:]
@@ -103,11 +105,11 @@ print("imported:", [m for m in ("torch", "torchvision") if m in sys.modules])
 
 
 def run_benchmark_reporting_torch(name: str, *args: str) -> subprocess.CompletedProcess:
-    """benchmarks/NAME.py run with `args` in a fresh process; its stdout ends with the line `imported: [...]`,
-    which of torch and torchvision it imported."""
-    benchmarks = REPO / "benchmarks"
-    return subprocess.run([sys.executable, "-c", _RUN_AND_REPORT_IMPORTS, str(benchmarks),
-                           str(benchmarks / f"{name}.py"), *args], capture_output=True, text=True, timeout=120)
+    """benchmarks/NAME.py (NAME as for load_benchmark) run with `args` in a fresh process; its stdout ends with the
+    line `imported: [...]`, which of torch and torchvision it imported."""
+    script = REPO / "benchmarks" / f"{name}.py"
+    return subprocess.run([sys.executable, "-c", _RUN_AND_REPORT_IMPORTS, str(script.parent), str(script), *args],
+                          capture_output=True, text=True, timeout=120)
 
 
 # ---- a tiny pre-training world (tests/test_pretrain.py, tests/test_ddp.py) -------------------------------
@@ -135,7 +137,7 @@ def world(tmp_path_factory):
     from transformers import BertConfig, BertForPreTraining
 
     from vlbert_core.detector import build_detector
-    from vlbert_core.model import resolve_bert_path
+    from vlbert_core.models.common.bert_init import resolve_bert_path
 
     roi_schema = pa.schema([("key", pa.string()), ("status", pa.string()), ("error", pa.string()),
                             ("image_w", pa.int32()), ("image_h", pa.int32()), ("num_boxes", pa.int32()),

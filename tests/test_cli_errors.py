@@ -44,6 +44,17 @@ def bad_files(tmp_path) -> dict[str, Path]:
 
 
 @pytest.fixture
+def photo(tmp_path) -> str:
+    """A real 32 x 24 RGB PNG: the query image of the cases whose error is elsewhere (the images are checked
+    before the model loads)."""
+    from PIL import Image
+
+    path = tmp_path / "photo.png"
+    Image.new("RGB", (32, 24), (40, 120, 200)).save(path)
+    return str(path)
+
+
+@pytest.fixture
 def model_dir(tmp_path) -> Path:
     """A fine-tuned model directory whose weights file is cut short (config.json as a real one)."""
     directory = tmp_path / "model"
@@ -93,9 +104,9 @@ def test_verify_names_the_missing_checkpoint(tmp_path, capsys):
 
 # ---- python -m vlbert_core.predict -----------------------------------------------------------------------------
 
-def test_predict_names_a_cut_short_weights_file(model_dir, tmp_path, capsys):
+def test_predict_names_a_cut_short_weights_file(model_dir, photo, capsys):
     main, prog = command("vlbert_core.predict.__main__")
-    assert run_command(main, prog, ["--model", str(model_dir), "--image", "x.png", "--text", "a"]) == 1
+    assert run_command(main, prog, ["--model", str(model_dir), "--image", photo, "--text", "a"]) == 1
     line = one_error_line(capsys)
     assert str(model_dir / "model.safetensors") in line and "safetensors" in line
 
@@ -132,13 +143,13 @@ def test_predict_names_the_queries_line_that_is_not_a_query(content, expected, m
     assert f"{queries} {expected}" in one_error_line(capsys)
 
 
-def test_predict_names_missing_model_and_config(tmp_path, capsys):
+def test_predict_names_missing_model_and_config(tmp_path, photo, capsys):
     main, prog = command("vlbert_core.predict.__main__")
-    assert run_command(main, prog, ["--model", str(tmp_path / "none"), "--image", "x.png", "--text", "a"]) == 1
+    assert run_command(main, prog, ["--model", str(tmp_path / "none"), "--image", photo, "--text", "a"]) == 1
     assert str(tmp_path / "none") in one_error_line(capsys)
     (tmp_path / "m").mkdir()
     assert run_command(main, prog, ["--model", str(tmp_path / "m"), "--config", str(tmp_path / "c.yaml"),
-                                    "--image", "x.png", "--text", "a"]) == 1
+                                    "--image", photo, "--text", "a"]) == 1
     assert str(tmp_path / "c.yaml") in one_error_line(capsys)
 
 
@@ -214,9 +225,9 @@ def test_a_failing_workflow_script_writes_one_line_and_its_traceback_to_the_log(
 
 @pytest.mark.parametrize("args, names", [
     (["vlbert_core.convert", "vl-bert", "{tmp}/random.model", "{tmp}/out", "--bert-path", "x"], "{tmp}/random.model"),
-    (["vlbert_core.predict", "--model", "{tmp}", "--image", "x.png", "--text", "a"], "{tmp} has no config.json"),
+    (["vlbert_core.predict", "--model", "{tmp}", "--image", "{tmp}/photo.png", "--text", "a"], "{tmp} has no config.json"),
 ])
-def test_the_python_m_commands_end_in_one_line_and_status_1(args, names, tmp_path):
+def test_the_python_m_commands_end_in_one_line_and_status_1(args, names, tmp_path, photo):
     (tmp_path / "random.model").write_bytes(os.urandom(2048))
     args = [a.format(tmp=tmp_path) for a in args]
     result = subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, timeout=120)

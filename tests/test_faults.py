@@ -103,7 +103,8 @@ def test_sigterm_stops_pretraining_with_a_checkpoint_and_the_rerun_resumes_to_th
     # from the global RNG (it did, and ended 1e-3 away from the straight run).
     cfg = pretrain_cfg(steps=steps, checkpoint_every=1000, stream_workers=True)
     config_file = tmp_path / "config.yaml"
-    config_file.write_text(yaml.safe_dump({"model": model_cfg(world), "pretrain": cfg, "seed": 7, "device": "cpu"}))
+    config_file.write_text(yaml.safe_dump({"model": model_cfg(world), "pretrain": cfg, "seed": 7, "device": "cpu",
+                                           "max_image_pixels": 89_478_485}))  # the run context: every key
     out = tmp_path / "stopped"
     command = _pretrain_command(world, config_file, out)
     rank_log = out / "pretrain.rank0.log"

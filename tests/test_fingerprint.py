@@ -63,7 +63,7 @@ def test_editing_the_downloader_changes_the_download_jobs_only(tree):
 
 
 def test_editing_the_model_changes_pretraining_and_every_finetune(tree):
-    changed = changed_after(tree, "vlbert_core/model/encoder.py", lambda s: s + "\nEXTRA = 1\n")
+    changed = changed_after(tree, "vlbert_core/models/common/encoder.py", lambda s: s + "\nEXTRA = 1\n")
     assert {"pretrain", "finetune_vqa", "finetune_vcr", "finetune_refcoco"} <= changed
     assert not changed & {"download_cc", "evaluate_vqa", "evaluate_refcoco"}
 
@@ -78,7 +78,7 @@ def test_comment_and_blank_line_edits_change_nothing(tree):
 def test_relative_and_function_level_imports_are_followed(tree):
     files = {str(p.relative_to(tree)) for p in code_files(tree, "workflow/scripts/finetune.py")}
     assert {"vlbert_core/tasks/modeling/vqa.py", "vlbert_core/tasks/vcr.py", "vlbert_core/tasks/__init__.py",
-            "vlbert_core/model/encoder.py", "workflow/scripts/finetune.py"} <= files
+            "vlbert_core/models/common/encoder.py", "workflow/scripts/finetune.py"} <= files
     assert "vlbert_core/data/downloader.py" not in files
     (tree / "vlbert_core" / "tasks" / "lazy.py").write_text("VALUE = 1\n")
     finetune = tree / "vlbert_core" / "tasks" / "finetune.py"

@@ -17,13 +17,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vlbert_core.convert.reference import load_arrays, our_outputs
+from vlbert_core.convert.manifest import MANIFEST_DIR
 from vlbert_core.convert.released_heads import LAYOUTS
+from vlbert_core.convert.stages import load_arrays
 from vlbert_core.convert.stand_in import write_bert_stand_in
 from vlbert_core.convert.verify import INPUTS_FILE, NUMBERS_FILE, TOLERANCE, convert_files, write_stand_in_files
+from vlbert_core.convert.vlbert.reference import our_outputs
 
 DATA = Path(__file__).parent / "data"
-GOLDEN, MANIFESTS = DATA / "golden", DATA / "manifests"
+GOLDEN, MANIFESTS = DATA / "golden", MANIFEST_DIR
 
 
 @pytest.fixture(scope="module")

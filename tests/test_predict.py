@@ -70,7 +70,7 @@ def _evaluation_scores(model_dir: Path, eval_task: str, sources: dict, rois=()):
     """The sigmoid scores the evaluation's samples get ([examples, answers or boxes]; -1 on non-candidates)."""
     import torch
 
-    from vlbert_core.model import load_tokenizer
+    from vlbert_core.models.common.bert_init import load_tokenizer
     from vlbert_core.tasks.evaluate import predict_batches
     from vlbert_core.tasks.finetune import load_finetuned, read_task_rois
     from vlbert_core.tasks.samples import ImageLoader, Tokens

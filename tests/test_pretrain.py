@@ -14,18 +14,22 @@ import torch.nn.functional as F
 from conftest import MINILM, NUM_FG_CLASSES
 from test_tensorboard import assert_events_match_metrics
 
-from vlbert_core.images import DEFAULT_MAX_PIXELS
 from vlbert_core.detector import load_detector
-from vlbert_core.model import IMG, VLBertModel, build_input_sequence, collate_samples, load_tokenizer
-from vlbert_core.model.embeddings import APPEARANCE_STD_FLOOR
+from vlbert_core.images import DEFAULT_MAX_PIXELS
+from vlbert_core.models.common.batch import collate_samples
+from vlbert_core.models.common.bert_init import load_tokenizer
+from vlbert_core.models.common.inputs import IMG, build_input_sequence
+from vlbert_core.models.vlbert.embeddings import APPEARANCE_STD_FLOOR
+from vlbert_core.models.vlbert.model import VLBertModel
 from vlbert_core.pretrain import SETTINGS, get_setting, pretrain
 from vlbert_core.pretrain.data import (
     CaptionImageStream, DataStream, PretrainBatches, StreamConfig, TextStream, pair_shards_with_rois,
     read_cc_samples, read_held_out_captions, text_chunks,
 )
-from vlbert_core.pretrain.loop import APPEARANCE_STATS_IMAGES, build_vlbert_config
+from vlbert_core.models.vlbert.config import build_vlbert_config
+from vlbert_core.models.vlbert.pretraining import VLBertForPretraining
+from vlbert_core.pretrain.loop import APPEARANCE_STATS_IMAGES
 from vlbert_core.pretrain.masking import IGNORE_INDEX, MaskingVocab, mask_rois, whole_word_mask, word_groups
-from vlbert_core.pretrain.objectives import VLBertForPretraining
 from vlbert_core.pretrain.visual_clue import sign_test_p, strided_word_variants, visual_clue_check
 
 torch.set_num_threads(1)
@@ -588,9 +592,10 @@ def test_resume_matches_straight_run(world, tmp_path):
 
 
 def _heads(directory: Path) -> dict:
-    from vlbert_core.model.heads import read_pretraining_heads
+    from vlbert_core.models.common.heads import read_pretraining_heads
+    from vlbert_core.models.vlbert.heads import HEAD_NAMES
 
-    return read_pretraining_heads(directory)
+    return read_pretraining_heads(directory, HEAD_NAMES)
 
 
 def test_continued_pretraining_starts_from_the_saved_model_and_heads(world, tmp_path):
@@ -690,8 +695,8 @@ def test_command_line_entry_point(world, tmp_path):
     from vlbert_core.pretrain.__main__ import main
 
     base, override = tmp_path / "base.yaml", tmp_path / "override.yaml"
-    base.write_text(yaml.safe_dump({"seed": 0, "device": "cpu", "model": model_cfg(world),
-                                    "pretrain": {"settings": ["a"], **pretrain_cfg(steps=3)}}))
+    base.write_text(yaml.safe_dump({"seed": 0, "device": "cpu", "max_image_pixels": DEFAULT_MAX_PIXELS,
+                                    "model": model_cfg(world), "pretrain": {"settings": ["a"], **pretrain_cfg(steps=3)}}))
     override.write_text(yaml.safe_dump({"pretrain": {"steps": 1}}))
     out = tmp_path / "out"
     summary = main(["--setting", "a", "--config", str(base), "--config", str(override), "--cc-shards", *world["cc"],
@@ -728,10 +733,10 @@ VILBERT_SIZES = {"v_hidden_size": 24, "v_num_hidden_layers": 1, "v_num_attention
 
 
 def test_vilbert_trains_its_two_objectives_on_the_same_batches(world, tokenizer):
-    from vlbert_core.pretrain.loop import build_vilbert_config
-    from vlbert_core.pretrain.objectives import ViLBertForPretraining
-    from vlbert_core.vilbert.model import ViLBertModel
-    from vlbert_core.vilbert.pretraining import ALIGNED_INDEX
+    from vlbert_core.models.vilbert.config import build_vilbert_config
+    from vlbert_core.models.vilbert.heads import ALIGNED_INDEX
+    from vlbert_core.models.vilbert.model import ViLBertModel
+    from vlbert_core.models.vilbert.pretraining import ViLBertForPretraining
 
     spec = get_setting("vilbert")
     detector, meta = load_detector(world["detector"])
@@ -762,8 +767,8 @@ def test_vilbert_trains_its_two_objectives_on_the_same_batches(world, tokenizer)
 
 
 def test_vilbert_pretraining_writes_a_model_the_registry_loads(world, tmp_path):
-    from vlbert_core.model_registry import from_pretrained
-    from vlbert_core.vilbert.model import ViLBertModel
+    from vlbert_core.models.registry import from_pretrained
+    from vlbert_core.models.vilbert.model import ViLBertModel
 
     cfg = dict(model_cfg(world), vilbert=VILBERT_SIZES)
     for setting in ("vilbert_none", "vilbert"):

@@ -8,9 +8,11 @@ import torch
 import torch.nn.functional as F
 from torchvision.ops import roi_align
 
-from vlbert_core.model import END, TEXT, VLBertConfig, VLBertModel, build_input_sequence, collate_samples
-from vlbert_core.model.heads import MaskedRoIClassificationHead
-from vlbert_core.pretrain.loop import build_vlbert_config
+from vlbert_core.models.common.batch import collate_samples
+from vlbert_core.models.common.inputs import END, TEXT, build_input_sequence
+from vlbert_core.models.vlbert.config import VLBertConfig, build_vlbert_config
+from vlbert_core.models.vlbert.heads import MaskedRoIClassificationHead
+from vlbert_core.models.vlbert.model import VLBertModel
 
 TINY_BACKBONE = {"stage_widths": [4, 4, 4, 8], "blocks_per_stage": [1, 1, 1, 1], "block": "basic"}
 
@@ -156,7 +158,7 @@ def test_pretraining_images_follow_the_pixel_format():
 
 
 def test_visual_pixel_format_is_the_backbones():
-    from vlbert_core.model.config import visual_pixel_format
+    from vlbert_core.models.common.config import visual_pixel_format
 
     assert visual_pixel_format(tiny_config()) == "rgb_imagenet"
     assert visual_pixel_format(tiny_config(visual_backbone={**TINY_BACKBONE, "pixel_format": "bgr255_caffe"})) \
@@ -167,7 +169,7 @@ def test_released_text_only_sample_is_its_word_pieces_then_end_at_position_t_plu
     """The authors' text-only rows carry the ids alone (general_corpus.py) and [END] at grid position T with
     position id T+1 (visual_linguistic_bert.py: position_ids[grid_pos == object_end] = text_end + 1, object_end
     = text_end when there is no object)."""
-    from vlbert_core.model.inputs import IMG
+    from vlbert_core.models.common.inputs import IMG
 
     plain = build_input_sequence([5, 6], None, None, cls_id=1, sep_id=2, pad_id=0)
     released = build_input_sequence([5, 6], None, None, cls_id=1, sep_id=2, pad_id=0, text_only_layout="released")
@@ -185,7 +187,7 @@ def test_released_text_only_sample_is_its_word_pieces_then_end_at_position_t_plu
 
 
 def test_text_stream_lays_out_text_only_samples_as_configured(world):
-    from vlbert_core.model import load_tokenizer
+    from vlbert_core.models.common.bert_init import load_tokenizer
     from vlbert_core.pretrain.data import StreamConfig, TextStream
     from vlbert_core.pretrain.masking import IGNORE_INDEX, MaskingVocab
 

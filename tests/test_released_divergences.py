@@ -24,14 +24,16 @@ from test_convert_vlbert import MINILM, cut_down, load, write_released
 from test_released_architecture import model_with, tiny_config
 
 from vlbert_core.convert.__main__ import main as convert_main
-from vlbert_core.model import VLBertModel, build_input_sequence, collate_samples
-from vlbert_core.model.batch import fitted_size
-from vlbert_core.model.embeddings import VisualFeatureEmbedding
-from vlbert_core.model.heads import HEADS_FILE, read_pretraining_heads
-from vlbert_core.model.inputs import boxes_with_whole_image
+from vlbert_core.convert.manifest import MANIFEST_DIR
+from vlbert_core.models.common.batch import collate_samples, fitted_size
+from vlbert_core.models.common.heads import HEADS_FILE, read_pretraining_heads
+from vlbert_core.models.common.inputs import boxes_with_whole_image, build_input_sequence
+from vlbert_core.models.vlbert.embeddings import VisualFeatureEmbedding
+from vlbert_core.models.vlbert.heads import HEAD_NAMES
+from vlbert_core.models.vlbert.model import VLBertModel
 
 REPO = Path(__file__).resolve().parents[1]
-MANIFESTS = REPO / "tests" / "data" / "manifests"
+MANIFESTS = MANIFEST_DIR
 
 
 # ---- 1. geometry ---------------------------------------------------------------------------------------------
@@ -133,7 +135,7 @@ def test_converted_pretrained_model_keeps_its_pretraining_heads(tmp_path):
     arrays = write_released(cut_down(load("vl-bert-base-e2e")), tmp_path / "vl-bert-base-e2e.model")
     assert convert_main(["vl-bert", str(tmp_path / "vl-bert-base-e2e.model"), str(tmp_path / "m"),
                          "--bert-path", MINILM]) == 0
-    heads = read_pretraining_heads(tmp_path / "m")
+    heads = read_pretraining_heads(tmp_path / "m", HEAD_NAMES)
     p = "module.vlbert."
     expected = {("mlm", "transform.dense.weight"): p + "mlm_head.predictions.transform.dense.weight",
                 ("mlm", "transform.layer_norm.bias"): p + "mlm_head.predictions.transform.LayerNorm.bias",

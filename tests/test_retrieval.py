@@ -221,9 +221,9 @@ def test_the_task_is_registered_outside_the_tables():
 # ---- training -----------------------------------------------------------------------------------------------------
 
 def _tools(family_dir: Path):
-    from vlbert_core.model import load_tokenizer
-    from vlbert_core.model.config import visual_pixel_format
-    from vlbert_core.model_registry import from_pretrained
+    from vlbert_core.models.common.bert_init import load_tokenizer
+    from vlbert_core.models.common.config import visual_pixel_format
+    from vlbert_core.models.registry import from_pretrained
     from vlbert_core.tasks.samples import ImageLoader, Tokens
 
     encoder = from_pretrained(family_dir)
@@ -381,8 +381,8 @@ def test_a_users_queries_get_the_scores_of_the_evaluation(flickr_world, tmp_path
 def _save_heads(directory: Path, setting: str, rel_loss: bool) -> None:
     """The pre-training heads of `setting` beside the tiny model, and a metrics.jsonl with or without the
     relation loss, as pre-training writes them."""
-    from vlbert_core.model.heads import save_pretraining_heads
-    from vlbert_core.model_registry import from_pretrained
+    from vlbert_core.models.common.heads import save_pretraining_heads
+    from vlbert_core.models.registry import from_pretrained
     from vlbert_core.pretrain.objectives import pretraining_module
     from vlbert_core.pretrain.settings import get_setting
 
@@ -414,7 +414,7 @@ def test_zero_shot_retrieval_with_the_alignment_head(flickr_world, tmp_path, fam
     assert result["num_examples"] == 20 and result["recall_at_10"] == 100.0
 
     # the first image's scores, by hand: the head on the family's readout, softmax, the "matched" index
-    from vlbert_core.model_registry import from_pretrained
+    from vlbert_core.models.registry import from_pretrained
 
     model = from_pretrained(directory).eval()
     head, readout = load_alignment_head(directory, model)

@@ -122,7 +122,7 @@ def _load_resnet(path):
 
 
 def _load_bert_bin(path):
-    from vlbert_core.model.bert_init import load_bert_mlm_head_state
+    from vlbert_core.models.common.bert_init import load_bert_mlm_head_state
     (path.parent / "config.json").write_text("{}")
     load_bert_mlm_head_state(str(path.parent))
 

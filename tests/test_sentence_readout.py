@@ -1,5 +1,5 @@
-"""benchmarks/sentence_readout.py: the candidate spread on hand-made vectors, and per layer of the packaged
-MiniLM on a few VCR questions."""
+"""benchmarks/diagnostics/sentence_readout.py: the candidate spread on hand-made vectors, and per layer of the
+packaged MiniLM on a few VCR questions."""
 
 import json
 
@@ -9,7 +9,7 @@ from conftest import load_benchmark
 
 
 def test_candidate_spread_is_the_distance_from_the_question_mean_over_the_length():
-    spread = load_benchmark("sentence_readout").candidate_spread
+    spread = load_benchmark("diagnostics/sentence_readout").candidate_spread
     same = torch.tensor([[[1.0, 2.0]] * 4, [[3.0, -1.0]] * 4])
     assert spread(same) == 0.0
     assert spread(torch.tensor([[[1.0, 0.0], [-1.0, 0.0]]])) == pytest.approx(1.0)
@@ -26,7 +26,7 @@ def _row(i, question, answers):
 
 
 def test_layer_spreads_of_the_packaged_minilm(tmp_path):
-    script = load_benchmark("sentence_readout")
+    script = load_benchmark("diagnostics/sentence_readout")
     answers = [[[0], "is", "a", "dog", "."], [[0], "is", "a", "ball", "."], ["It", "is", "red", "."],
                ["They", "are", "exactly", "the", "same", "size", "."]]
     jsonl = tmp_path / "val.jsonl"

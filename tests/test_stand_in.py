@@ -65,8 +65,8 @@ def test_cli_writes_the_cut_stand_in_in_the_published_layout(tmp_path):
 
 
 def test_bert_stand_in_is_a_bert_base_uncased_directory_our_loaders_read(tmp_path):
-    from vlbert_core.model.bert_init import (load_bert_mlm_head_state, load_bert_state_dict, load_tokenizer,
-                                             read_bert_config)
+    from vlbert_core.models.common.bert_init import (load_bert_mlm_head_state, load_bert_state_dict, load_tokenizer,
+                                                     read_bert_config)
 
     out = write_bert_stand_in(tmp_path / "bert-base-uncased", seed=0, bert_layers=1)
     config = read_bert_config(str(out))

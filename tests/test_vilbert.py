@@ -9,17 +9,18 @@ import json
 import pytest
 import torch
 
-from vlbert_core import model_registry
 from vlbert_core.convert.accounting import ConversionError
-from vlbert_core.convert.vilbert import (RELEASED_CONFIG, TIED_DECODER, convert_vilbert_state, released_key_shapes,
-                                         stand_in_state, write_stand_in)
-from vlbert_core.convert.vilbert_reference import SMALL_CONFIG, write_detector_stand_in
-from vlbert_core.model.batch import collate_samples
-from vlbert_core.model.heads import save_pretraining_heads
-from vlbert_core.model.inputs import TEXT, build_input_sequence
-from vlbert_core.model_output import EncoderOutput
-from vlbert_core.vilbert import (ALIGNED_INDEX, ViLBertConfig, ViLBertModel, ViLBertPretrainingHeads,
-                                 load_vilbert_pretraining_heads)
+from vlbert_core.models import registry
+from vlbert_core.convert.vilbert.checkpoint import (RELEASED_CONFIG, TIED_DECODER, convert_vilbert_state,
+                                                    released_key_shapes, stand_in_state, write_stand_in)
+from vlbert_core.convert.vilbert.reference import SMALL_CONFIG, write_detector_stand_in
+from vlbert_core.models.common.batch import collate_samples
+from vlbert_core.models.common.heads import save_pretraining_heads
+from vlbert_core.models.common.inputs import TEXT, build_input_sequence
+from vlbert_core.models.common.output import EncoderOutput
+from vlbert_core.models.vilbert.config import ViLBertConfig
+from vlbert_core.models.vilbert.heads import ALIGNED_INDEX, ViLBertPretrainingHeads, load_vilbert_pretraining_heads
+from vlbert_core.models.vilbert.model import ViLBertModel
 
 torch.set_num_threads(1)
 TINY_BACKBONE = {"stage_widths": [4, 4, 4, 8], "blocks_per_stage": [1, 1, 1, 1], "block": "basic"}
@@ -194,11 +195,11 @@ def test_save_pretrained_round_trips_through_the_registry(tmp_path):
     model, batch = tiny_model(), two_rows()
     model.save_pretrained(tmp_path / "m")
     assert json.loads((tmp_path / "m" / "config.json").read_text())["model_type"] == "vilbert"
-    loaded = model_registry.from_pretrained(tmp_path / "m").eval()
+    loaded = registry.from_pretrained(tmp_path / "m").eval()
     assert type(loaded) is ViLBertModel and loaded.config == model.config
     with torch.no_grad():
         torch.testing.assert_close(loaded.encode(batch).pooled, model.encode(batch).pooled, atol=0, rtol=0)
-    assert type(model_registry.build_model("vilbert", model.config.to_dict())) is ViLBertModel
+    assert type(registry.build_model("vilbert", model.config.to_dict())) is ViLBertModel
 
 
 def test_pretraining_heads_tie_the_decoder_and_round_trip(tmp_path):
@@ -283,7 +284,7 @@ def test_convert_command_writes_a_model_directory_the_registry_loads(tmp_path):
                 "--detector", str(tmp_path / detector), "--config", str(tmp_path / "config.json")]
 
     assert convert_main(command("out", "detector.pt")) == 0
-    model = model_registry.from_pretrained(tmp_path / "out")
+    model = registry.from_pretrained(tmp_path / "out")
     assert type(model) is ViLBertModel and model.config.bert_path == str(bert_dir)
     report = json.loads((tmp_path / "out" / "conversion_report.json").read_text())
     assert report["num_mapped"] + report["num_dropped"] == len(released_key_shapes(SMALL_CONFIG))

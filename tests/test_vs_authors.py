@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import load_benchmark
 
-from vlbert_core.convert.reference import CLS_ID, MASK_ID, SEP_ID, pretrain_batch, reference_inputs
 from vlbert_core.convert.released_heads import get_layout
-from vlbert_core.model.config import VLBertConfig
-from vlbert_core.model.inputs import IGNORE_INDEX
+from vlbert_core.convert.vlbert.reference import CLS_ID, MASK_ID, SEP_ID, pretrain_batch, reference_inputs
+from vlbert_core.models.common.inputs import IGNORE_INDEX
+from vlbert_core.models.vlbert.config import VLBertConfig
 
 vs_authors = load_benchmark("vs_authors")
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from vlbert_core.model.initialization import init_new_parameters
+from vlbert_core.models.common.initialization import init_new_parameters
 from vlbert_core.utils import load_safetensors, save_safetensors
 
 

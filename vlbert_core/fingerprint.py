@@ -3,8 +3,8 @@
 Snakemake re-runs a job when its rule's `script:` changes, but it does not see the `vlbert_core`
 modules that script imports. `code_fingerprint(root, script, task)` hashes the script and every
 `vlbert_core` module it imports, directly or through other modules (found by reading their
-import statements, including imports inside functions, and the `__init__.py` of every package
-on the way). A job whose fingerprint changes is re-run, and Snakemake re-runs its downstream jobs
+import statements, including imports inside functions, the modules they name in a string to import
+on use, as the model registry does, and the `__init__.py` of every package on the way). A job whose fingerprint changes is re-run, and Snakemake re-runs its downstream jobs
 because their inputs change.
 
 Task-specific code is kept apart: the modules a registered task lists as its own
@@ -71,6 +71,12 @@ def _package_of(root: Path, path: Path) -> str:
 
 _FROM_IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.MULTILINE)
 _IMPORT = re.compile(r"^[ \t]*import[ \t]+([^\n]*)", re.MULTILINE)
+# a module named in a string, imported when used: the model registry's "vlbert_core.models.vlbert.model:VLBertModel"
+_NAMED_MODULE = re.compile(r"[\"'](vlbert_core(?:\.\w+)+)(?::\w+)?[\"']")
+# A family's converter, which the registry names too, is code of the jobs that run the converter command only:
+# followed from the registry, it would make every model job depend on the converters and the task code they use.
+CONVERTER_COMMAND = "vlbert_core.convert.__main__"
+CONVERTERS = "vlbert_core.convert."
 
 
 def _names(clause: str) -> list[str]:
@@ -103,6 +109,7 @@ def _imported_modules(root: Path, path: Path) -> frozenset[str]:
         names.update(f"{module}.{name}" for name in _names(clause))  # `from pkg import submodule`
     for match in _IMPORT.finditer(source):
         names.update(_names(match.group(1)))
+    names.update(name for name in _named_modules(source) if not name.startswith(CONVERTERS))
     modules = set()
     for name in names:
         parts = name.split(".")
@@ -111,11 +118,17 @@ def _imported_modules(root: Path, path: Path) -> frozenset[str]:
     return frozenset(m for m in modules if m.split(".")[0] == PACKAGE)
 
 
+def _named_modules(source: str) -> set[str]:
+    """The vlbert_core modules a source names in strings ("pkg.module" or "pkg.module:attr")."""
+    return {match.group(1) for match in _NAMED_MODULE.finditer(source)}
+
+
 def code_files(root: str | Path, script: str | Path) -> list[Path]:
     """The script and every vlbert_core file it imports, transitively, sorted."""
     root = Path(root).resolve()
     start = (root / script).resolve()
     seen: set[Path] = set()
+    command = _module_file(root, CONVERTER_COMMAND)
     todo = [start]
     while todo:
         path = todo.pop()
@@ -126,6 +139,13 @@ def code_files(root: str | Path, script: str | Path) -> list[Path]:
             file = _module_file(root, module)
             if file is not None and file.resolve() not in seen:
                 todo.append(file.resolve())
+        if not todo and command is not None and command.resolve() in seen:
+            # the converter command's job: the converters the files it runs name (the registry's) run too
+            named = {".".join(name.split(".")[:i]) for file in seen
+                     for name in _named_modules(_source(file, file.stat().st_mtime_ns))
+                     for i in range(2, name.count(".") + 2)}
+            todo = [file.resolve() for file in map(lambda m: _module_file(root, m), sorted(named))
+                    if file is not None and file.resolve() not in seen]
     return sorted(seen)
 
 

@@ -19,6 +19,10 @@ from typing import Callable, Mapping
 import torch
 
 
+# written beside every converter's output: what happened to every tensor of the source
+REPORT_FILE = "conversion_report.json"
+
+
 class ConversionError(ValueError):
     """A source checkpoint does not match what a converter expects; the message names the key(s)."""
 
@@ -113,3 +117,29 @@ def convert_state_dict(source: Mapping[str, torch.Tensor], rules: list[Rule], dr
                               + (" ..." if len(missing) > 10 else ""))
     report.filled = {k: v for k, v in sorted(fill.items()) if k not in out}
     return out, report
+
+
+def strip_module_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """DataParallel / DDP keys start with 'module.'; a checkpoint saved without the wrapper has none."""
+    if all(k.startswith("module.") for k in state):
+        return {k[len("module."):]: v for k, v in state.items()}
+    return dict(state)
+
+
+def check_aliases(source: dict[str, torch.Tensor], aliases: list[tuple[str, str]], source_name: str) -> None:
+    for pattern, template in aliases:
+        rx = re.compile(pattern)
+        for key, value in source.items():
+            match = rx.fullmatch(key)
+            if not match:
+                continue
+            original = match.expand(template)
+            if original not in source:
+                raise ConversionError(f"{source_name}: {key!r} should repeat {original!r}, which is missing")
+            if value.shape != source[original].shape:
+                raise ConversionError(f"{source_name}: {key!r} has shape {tuple(value.shape)}, {original!r} "
+                                      f"{tuple(source[original].shape)}; they should be one tensor")
+            # a shape-only dry run (tensors on the meta device) has no values to compare
+            if not value.is_meta and not torch.equal(value, source[original]):
+                raise ConversionError(f"{source_name}: {key!r} differs from {original!r}; the released model "
+                                      "registers one tensor under both names, so they must be equal")

@@ -38,6 +38,7 @@ anchors and coding with weights 10, 10, 5, 5.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -124,6 +125,14 @@ def infer_config(source: dict[str, torch.Tensor], kind: str, path: Path) -> tupl
     attr_key = {"bua-caffe": "roi_heads.box_predictor.attr_linear2.weight",
                 "detectron2-attr": "roi_heads.box_predictor.attr_score.weight"}[kind]
     num_attributes = int(source[attr_key].shape[0]) - 1 if attr_key in source else None
+    embed_key = {"bua-caffe": "roi_heads.box_predictor.cls_embed.weight",
+                 "detectron2-attr": "roi_heads.box_predictor.cls_embedding.weight"}[kind]
+    head_out = int(_require(source, "roi_heads.box_predictor.cls_score.weight", path).shape[1])
+    attribute_dims = {}
+    if num_attributes is not None and embed_key in source:
+        embed_dim, hidden_dim = int(source[embed_key].shape[1]), int(source[attr_key].shape[1])
+        if (embed_dim, hidden_dim) != (head_out // 8, head_out // 4):   # MILVLG's fixed 256 / 512 on a narrow model
+            attribute_dims = {"attribute_embed_dim": embed_dim, "attribute_hidden_dim": hidden_dim}
 
     config: dict[str, Any] = {
         "backbone": backbone,
@@ -138,22 +147,41 @@ def infer_config(source: dict[str, torch.Tensor], kind: str, path: Path) -> tupl
         "box_batch_size_per_image": 64,
         "box_nms_thresh": 0.3,
         "num_attributes": num_attributes,
+        **attribute_dims,
     }
     if num_attributes is not None:
         # Both files hold the Caffe model's weights, trained with train.prototxt's loss_attr weight 0.5.
         config["attribute_loss_weight"] = RELEASED_ATTRIBUTE_LOSS_WEIGHT
     if kind == "bua-caffe":
-        # test.prototxt + py-faster-rcnn config.py (TEST.RPN_POST_NMS_TOP_N 300, RPN_MIN_SIZE 16,
-        # BBOX_NORMALIZE_TARGETS_PRECOMPUTED: the snapshot's bbox_pred predicts raw deltas).
-        # test_net: every score (thresh -inf), at most 400 detections per image.
+        # MILVLG configs/caffe/test-caffe-r101.yaml:25-36 (RPN PRE_NMS_TOPK_TEST 6000, POST_NMS_TOPK_TEST 300,
+        # MIN_SIZE 16 at :9, NMS_THRESH_TEST 0.3, SCORE_THRESH_TEST -1), :40 BBOX_REG_WEIGHTS (1, 1, 1, 1),
+        # TEST.DETECTIONS_PER_IMAGE 400 (:46); the same values as the original's py-faster-rcnn config.py
+        # (TEST.RPN_POST_NMS_TOP_N 300, RPN_MIN_SIZE 16, TEST.NMS 0.3). The image: utils/extract_utils.py:30-52
+        # (py-faster-rcnn's _get_image_blob): BGR float minus the means, cv2.resize INTER_LINEAR by
+        # s = 600 / short side, or 1000 / long side when round(s * long) > 1000; boxes back by / s.
         config.update(anchor_style="caffe", box_coding="caffe_legacy", box_reg_weights=[1.0, 1.0, 1.0, 1.0],
-                      rpn_post_nms_test=300, rpn_min_size=16, box_score_thresh=0.0, box_detections_per_img=400)
+                      rpn_post_nms_test=300, rpn_min_size=16, box_score_thresh=0.0, box_detections_per_img=400,
+                      resize="cv2_float")
     else:
         # configs/VG-Detection/faster_rcnn_R_101_C4_attr_caffemaxpool.yaml over Base-RCNN-C4.yaml and
-        # detectron2's defaults (POST_NMS_TOPK_TEST 1000, ROI_BOX_HEAD.BBOX_REG_WEIGHTS 10, 10, 5, 5).
+        # detectron2's defaults (ROI_BOX_HEAD.BBOX_REG_WEIGHTS 10, 10, 5, 5; RPN NMS_THRESH 0.7). Base-RCNN-C4
+        # keeps POST_NMS_TOPK_TEST 1000, but every extraction script of the port sets 300
+        # (demo/detectron2_mscoco_proposal_maxnms.py:244, demo_feature_extraction_attr.ipynb cell 3), as the
+        # Caffe original (py-faster-rcnn TEST.RPN_POST_NMS_TOP_N 300) whose features VL-BERT and ViLBERT used:
+        # 300. Their detection thresholds: NMS_THRESH_TEST 0.6, SCORE_THRESH_TEST 0.2 (maxnms.py:245-246, the
+        # attribute demo cell 3). The image: ResizeShortestEdge (data/transforms/transform_gen.py:200-210, sides
+        # int(side * s + 0.5)) with PIL bilinear on the uint8 image (transform.py:79-83).
         config.update(anchor_style="detectron2", box_coding="torchvision", box_reg_weights=[10.0, 10.0, 5.0, 5.0],
-                      rpn_post_nms_test=1000, box_score_thresh=0.05, box_detections_per_img=100)
+                      rpn_post_nms_test=300, box_nms_thresh=0.6, box_score_thresh=0.2, box_detections_per_img=100,
+                      resize="pil_uint8")
     return config, num_classes
+
+
+# The RoI rule of the features VL-BERT used (bottom-up-attention tools/generate_tsv.py; MILVLG
+# bua/caffe/config.py:29-31 MIN_BOXES 10, MAX_BOXES 100, CONF_THRESH 0.2, and utils/extract_utils.py:62-75:
+# NMS 0.3 per class over the proposals, a proposal's score its best surviving class score, kept >= 0.2,
+# 10..100 by score): the `rois:` section that reproduces it (detector.select.select_rois_bottom_up).
+RELEASED_ROIS = {"rule": "bottom_up", "min_boxes": 10, "max_boxes": 100, "score_threshold": 0.2, "nms_iou": 0.3}
 
 
 def _objectness_fg_minus_bg(tensor: torch.Tensor) -> torch.Tensor:
@@ -165,9 +193,20 @@ def _objectness_fg_minus_bg(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _prepend_background_box(tensor: torch.Tensor) -> torch.Tensor:
-    """detectron2's class-specific bbox_pred has no background rows; torchvision's predictor has 4 in
-    front, which nothing reads (run_detector drops class 0's boxes): zeros."""
+    """detectron2's class-specific bbox_pred has no background rows (airsplay fast_rcnn.py:339-341: K * 4
+    outputs, row block k = class k); torchvision's predictor has 4 in front, which nothing reads
+    (run_detector drops class 0's boxes): zeros."""
     return torch.cat([tensor.new_zeros((4,) + tuple(tensor.shape[1:])), tensor])
+
+
+def _background_last_to_first(tensor: torch.Tensor) -> torch.Tensor:
+    """airsplay's detectron2 puts background LAST: cls_score has K + 1 rows with background at K
+    (fast_rcnn.py:31-32 'gt_classes in [0, K], K = background', :90 `scores[:, :-1]`), its attribute
+    head embeds the arg-max over all K + 1 (:366-367, so embedding row K is background's) and its
+    attr_score has 'no attribute' last (the demos read `pred_attr_logits[..., :-1]`). Ours have
+    background / no attribute at 0 (select.py, extract.py, AttributePredictor): the last row moves to
+    the front, the others keep their order (their class k is our k + 1)."""
+    return torch.cat([tensor[-1:], tensor[:-1]])
 
 
 def conversion_rules(kind: str) -> tuple[list[Rule], list[Drop]]:
@@ -186,17 +225,23 @@ def conversion_rules(kind: str) -> tuple[list[Rule], list[Drop]]:
         ]
     objectness: Callable | None = _objectness_fg_minus_bg if kind == "bua-caffe" else None
     bbox_pred: Callable | None = None if kind == "bua-caffe" else _prepend_background_box
+    # MILVLG keeps Caffe's order, background / no attribute at 0 (bua/caffe/modeling/fast_rcnn.py:142
+    # `scores[:, 1:]`, utils/extract_utils.py:77-81 `[:, 1:]` for objects and attributes; NUM_CLASSES 1601 and
+    # bbox_pred with background rows, fast_rcnn.py:245-247): as they are.
+    background: Callable | None = None if kind == "bua-caffe" else _background_last_to_first
     rules += [
         Rule(r"proposal_generator\.rpn_head\.conv\.(weight|bias)", r"rpn.head.conv.0.0.\1"),
         Rule(r"proposal_generator\.rpn_head\.objectness_logits\.(weight|bias)", r"rpn.head.cls_logits.\1", objectness),
         Rule(r"proposal_generator\.rpn_head\.anchor_deltas\.(weight|bias)", r"rpn.head.bbox_pred.\1"),
-        Rule(r"roi_heads\.box_predictor\.cls_score\.(weight|bias)", r"roi_heads.box_predictor.cls_score.\1"),
+        Rule(r"roi_heads\.box_predictor\.cls_score\.(weight|bias)", r"roi_heads.box_predictor.cls_score.\1",
+             background),
         Rule(r"roi_heads\.box_predictor\.bbox_pred\.(weight|bias)", r"roi_heads.box_predictor.bbox_pred.\1", bbox_pred),
     ]
     attribute_names = {"bua-caffe": ("cls_embed", "attr_linear1", "attr_linear2"),
                        "detectron2-attr": ("cls_embedding", "fc_attr", "attr_score")}[kind]
     for src, dst in zip(attribute_names, ("cls_embedding", "fc_attr", "attr_score")):
-        rules.append(Rule(rf"roi_heads\.box_predictor\.{src}\.(weight|bias)", rf"roi_heads.attribute_predictor.{dst}.\1"))
+        rules.append(Rule(rf"roi_heads\.box_predictor\.{src}\.(weight|bias)", rf"roi_heads.attribute_predictor.{dst}.\1",
+                          None if dst == "fc_attr" else background))
     drops = [
         Drop(r".*\.num_batches_tracked", "BatchNorm's update counter: not a weight, and our BatchNorm layers start "
                                           "their own at 0"),
@@ -263,3 +308,219 @@ def convert_bottom_up(in_path: str | os.PathLike, out_path: str | os.PathLike, *
              in_path, kind, out_path, len(report.mapped), len(report.dropped), len(report.filled),
              num_classes, config["num_attributes"])
     return report
+
+
+# ---- the published layouts at any size, with reproducible random values (golden tests, convert.verify) ----
+
+def released_layout(kind: str, *, stem: int = 64, planes=(64, 128, 256, 512), blocks=(3, 4, 23, 3),
+                    rpn_hidden: int = 512, num_anchors: int = 12, num_classes: int = 1600, num_attributes: int = 400,
+                    embed_dim: int | None = None, hidden_dim: int | None = None) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of a published file of `kind` (defaults: the published ResNet-101, 535 keys): the
+    detectron2 modules both ports are (norm inside each conv, res5 in the RoI head), the RPN head (Caffe:
+    2A objectness channels, detectron2: A), the box predictor (bua-caffe's bbox_pred with background rows,
+    detectron2's without) and the attribute head (embedding and fc widths: head width / 8 and / 4 unless given;
+    MILVLG's code fixes 256 and 512)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+
+    def conv(name, out_ch, in_ch, k):
+        shapes[f"{name}.weight"] = (out_ch, in_ch, k, k)
+        for part in BN_PARTS.split("|"):
+            shapes[f"{name}.norm.{part}"] = (out_ch,)
+
+    conv("backbone.stem.conv1", stem, 3, 7)
+    in_ch = stem
+    for prefix, width, count in zip(("backbone.res2", "backbone.res3", "backbone.res4", "roi_heads.res5"), planes, blocks):
+        out_ch = width * 4
+        for i in range(count):
+            if i == 0:
+                conv(f"{prefix}.0.shortcut", out_ch, in_ch, 1)
+            conv(f"{prefix}.{i}.conv1", width, in_ch if i == 0 else out_ch, 1)
+            conv(f"{prefix}.{i}.conv2", width, width, 3)
+            conv(f"{prefix}.{i}.conv3", out_ch, width, 1)
+        in_ch = out_ch
+    body_out, head_out = planes[2] * 4, planes[3] * 4
+    embed_dim = head_out // 8 if embed_dim is None else embed_dim
+    hidden_dim = head_out // 4 if hidden_dim is None else hidden_dim
+    caffe = kind == "bua-caffe"
+    rpn = "proposal_generator.rpn_head"
+    objectness = num_anchors * (2 if caffe else 1)
+    shapes.update({
+        f"{rpn}.conv.weight": (rpn_hidden, body_out, 3, 3), f"{rpn}.conv.bias": (rpn_hidden,),
+        f"{rpn}.objectness_logits.weight": (objectness, rpn_hidden, 1, 1), f"{rpn}.objectness_logits.bias": (objectness,),
+        f"{rpn}.anchor_deltas.weight": (num_anchors * 4, rpn_hidden, 1, 1), f"{rpn}.anchor_deltas.bias": (num_anchors * 4,),
+    })
+    box_outputs = (num_classes + 1) * 4 if caffe else num_classes * 4
+    pred = "roi_heads.box_predictor"
+    embed, fc, score = ("cls_embed", "attr_linear1", "attr_linear2") if caffe else ("cls_embedding", "fc_attr", "attr_score")
+    shapes.update({
+        f"{pred}.cls_score.weight": (num_classes + 1, head_out), f"{pred}.cls_score.bias": (num_classes + 1,),
+        f"{pred}.bbox_pred.weight": (box_outputs, head_out), f"{pred}.bbox_pred.bias": (box_outputs,),
+        f"{pred}.{embed}.weight": (num_classes + 1, embed_dim),
+        f"{pred}.{fc}.weight": (hidden_dim, head_out + embed_dim), f"{pred}.{fc}.bias": (hidden_dim,),
+        f"{pred}.{score}.weight": (num_attributes + 1, hidden_dim), f"{pred}.{score}.bias": (num_attributes + 1,),
+    })
+    return shapes
+
+
+def random_released_weights(shapes: dict[str, tuple[int, ...]], seed: int, *, logit_gain: float = 2.0
+                            ) -> dict[str, torch.Tensor]:
+    """Trained-like random float32 values for a released layout, reproducible from `seed`: one
+    torch.Generator(seed), keys in sorted order, each drawn as torch.randn(shape) (running_var and norm
+    weights as torch.rand(shape)) and then scaled: convs He (sqrt(2 / fan_in)), norm weights 0.75..1.25
+    (0.1..0.4 on the last conv of a block and on shortcuts, so 33 residual blocks stay finite; the stem's
+    He scale / 64 for the 0..255 pixels), biases and
+    means 0.1, variances 0.5..1, RPN deltas and box deltas 0.01 / sqrt(fan_in), class, objectness and
+    attribute logits `logit_gain` / sqrt(fan_in) (so a few classes pass the 0.2 threshold)."""
+    generator = torch.Generator().manual_seed(int(seed))
+    out: dict[str, torch.Tensor] = {}
+    for key in sorted(shapes):
+        shape = shapes[key]
+        uniform = key.endswith(("running_var", "norm.weight"))
+        draw = torch.rand(shape, generator=generator) if uniform else torch.randn(shape, generator=generator)
+        fan_in = math.prod(shape[1:]) if len(shape) > 1 else 1
+        if key.endswith("norm.weight"):
+            value = draw * 0.3 + 0.1 if (".conv3." in key or ".shortcut." in key) else draw * 0.5 + 0.75
+        elif key.endswith("running_var"):
+            value = draw * 0.5 + 0.5
+        elif key.endswith(("norm.bias", "running_mean")):
+            value = draw * 0.1
+        elif "anchor_deltas" in key or "bbox_pred" in key:
+            value = draw * (0.01 if key.endswith("bias") else 0.01 / math.sqrt(fan_in))
+        elif any(name in key for name in ("cls_score", "objectness_logits", "attr_score", "attr_linear2")):
+            value = draw * (0.1 if key.endswith("bias") else logit_gain / math.sqrt(fan_in))
+        elif "cls_embed" in key:
+            value = draw
+        elif key.endswith("bias"):
+            value = draw * 0.01
+        elif key == "backbone.stem.conv1.weight":
+            value = draw * math.sqrt(2.0 / fan_in) / 64.0   # Caffe pixels are 0..255 minus the means
+        else:
+            value = draw * math.sqrt(2.0 / fan_in)
+        out[key] = value.float().contiguous()
+    return out
+
+
+def write_released_file(kind: str, tensors: dict[str, torch.Tensor], path: str | os.PathLike) -> Path:
+    """Write `tensors` as the published file of `kind` is stored and as the port's checkpointer reads it:
+    detectron2-attr a pickle {"model": {name: numpy array}, "__author__": ...} (airsplay
+    detectron2/checkpoint/detection_checkpoint.py `_load_file`), bua-caffe torch.save({"model": state dict})."""
+    import pickle
+
+    path = Path(path)
+    if kind == "detectron2-attr":
+        with open(path, "wb") as f:
+            pickle.dump({"model": {k: v.numpy() for k, v in tensors.items()}, "__author__": "vlbert_core"}, f)
+    else:
+        torch.save({"model": dict(tensors)}, path)
+    return path
+
+
+# ---- per-stage comparison with a port's own run (convert.verify's bottom-up layouts) ----------------------
+
+# Per image i, the reference NPZ holds img<i>/<precision>/<stage> (precision fp32, and fp64 for the port's own
+# rounding) in the port's order of classes: input, res4, proposals, pooled, features, class_logits,
+# box_deltas, class_scores, attribute_logits (airsplay) or attribute_scores (MILVLG), and the kept RoIs:
+# kept_ids (proposal rows), kept_boxes (original pixels), kept_classes (0-based foreground), kept_scores.
+REFERENCE_STAGES = ("input", "res4", "proposals", "pooled", "features", "class_logits", "box_deltas", "class_scores")
+# The selection each port's extraction path applies (their scripts; docs/bottom-up-detector.md).
+PORT_SELECTION = {
+    # airsplay demo_feature_extraction_attr.ipynb: fast_rcnn_inference_single_image, score 0.2, NMS 0.6, at most
+    # 100 (our select_rois on the regressed per-class boxes, the same rule above 10)
+    "detectron2-attr": {"score_threshold": 0.2, "min_boxes": 10, "max_boxes": 100, "nms_iou": 0.6},
+    "bua-caffe": dict(RELEASED_ROIS, rule=None),
+}
+
+
+def compare_with_port(checkpoint: str | os.PathLike, kind: str, reference: str | os.PathLike,
+                      images: list[str | os.PathLike], *, config_override: dict[str, Any] | None = None,
+                      workdir: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Convert `checkpoint` (a file of `kind`'s layout), run our detector on `images` and compare every stage
+    with the port's run in `reference` (REFERENCE_STAGES). Returns {"stages": [{stage, abs, rel, port_abs,
+    port_rel}], "kept": [lines], "same_kept_boxes": bool}; rel = abs / max |port fp64| (or fp32)."""
+    import tempfile
+
+    import numpy as np
+
+    from ..detector.extract import detector_stages
+    from ..detector.images import decode_image, to_unit_float
+    from ..detector.select import select_rois, select_rois_bottom_up
+    from ..detector.train import load_detector
+
+    d2 = kind == "detectron2-attr"
+    ref = np.load(reference)
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        converted = Path(tmp) / "detector.pt"
+        convert_bottom_up(checkpoint, converted, source=kind)
+        saved = torch.load(converted, weights_only=False)
+        for key, value in (config_override or {}).items():
+            if isinstance(value, dict):
+                saved["config"].setdefault(key, {}).update(value)
+            else:
+                saved["config"][key] = value
+        torch.save(saved, converted)
+        model, _ = load_detector(converted)
+
+    def ours_order(array):
+        return np.concatenate([array[:, -1:], array[:, :-1]], axis=1) if d2 else array
+
+    worst: dict[str, list[float]] = {}
+
+    def record(stage, ours, theirs, theirs64):
+        ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+        if ours.shape != theirs.shape:
+            raise ConversionError(f"{stage}: ours {ours.shape}, the port's {theirs.shape}")
+        reference64 = theirs if theirs64 is None else np.asarray(theirs64, np.float64)
+        scale = max(float(np.abs(reference64).max()) if reference64.size else 0.0, 1e-30)
+        port = float(np.abs(theirs - reference64).max()) if theirs64 is not None and theirs.size else float("nan")
+        err = float(np.abs(ours - theirs).max()) if theirs.size else 0.0
+        row = worst.setdefault(stage, [0.0, 0.0, 0.0, 0.0])
+        row[:] = [max(row[0], err), max(row[1], err / scale), max(row[2], port), max(row[3], port / scale)]
+
+    kept_lines, same_all = [], True
+    for i, path in enumerate(images):
+        def get(name, precision="fp32"):
+            key = f"img{i}/{precision}/{name}"
+            return ref[key] if key in ref else None
+        stages = {k: v.double().numpy() for k, v in
+                  detector_stages(model, [to_unit_float(decode_image(path))])[0].items()}
+        for name in REFERENCE_STAGES:
+            theirs = get(name)
+            if theirs is None:
+                continue
+            ours = stages[name]
+            if name == "box_deltas" and d2:
+                ours = ours[:, 4:]    # the 4 zero background rows in front
+            if name in ("class_logits", "class_scores"):
+                theirs, theirs64 = ours_order(theirs), None if get(name, "fp64") is None else ours_order(get(name, "fp64"))
+            else:
+                theirs64 = get(name, "fp64")
+            record(name, ours, theirs, theirs64)
+        attr = "attribute_logits" if d2 else "attribute_scores"
+        if get(attr) is not None:
+            record(attr, stages[attr], ours_order(get(attr)) if d2 else get(attr),
+                   None if get(attr, "fp64") is None else (ours_order(get(attr, "fp64")) if d2 else get(attr, "fp64")))
+        scores = torch.from_numpy(stages["class_scores"]).float()
+        rule = {k: v for k, v in PORT_SELECTION[kind].items() if k != "rule"}
+        if d2:
+            selected = select_rois(torch.from_numpy(stages["boxes_per_class"]).float(), scores, **rule)
+        else:
+            selected = select_rois_bottom_up(torch.from_numpy(stages["proposals_original"]).float(), scores, **rule)
+        ours_ids, their_ids = selected.proposals.numpy(), get("kept_ids")
+        if their_ids is None:
+            continue
+        if not d2 and set(ours_ids.tolist()) == set(their_ids.tolist()):
+            order = np.array([int(np.flatnonzero(ours_ids == j)[0]) for j in their_ids], dtype=np.int64)
+        else:
+            order = np.arange(len(ours_ids))
+        same = len(ours_ids) == len(their_ids) and bool((ours_ids[order] == their_ids).all()) and \
+            bool(((selected.class_ids.numpy()[order] - 1) == get("kept_classes")).all())
+        same_all &= same
+        kept_lines.append(f"{Path(path).name}: {len(ours_ids)} kept, the port {len(their_ids)}; same proposals, order "
+                          f"and classes: {same}")
+        if same:
+            record("kept_boxes", selected.boxes.numpy()[order], get("kept_boxes"), None)
+            record("kept_scores", selected.scores.numpy()[order], get("kept_scores"), None)
+            record("kept_features", stages["features"][ours_ids[order]], get("features")[their_ids],
+                   None if get("features", "fp64") is None else get("features", "fp64")[their_ids])
+    rows = [{"stage": k, "abs": v[0], "rel": v[1], "port_abs": v[2], "port_rel": v[3]} for k, v in worst.items()]
+    return {"stages": rows, "kept": kept_lines, "same_kept_boxes": same_all}

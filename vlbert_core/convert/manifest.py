@@ -1,8 +1,8 @@
 """Manifests of published checkpoints, and random-valued stand-ins written from them.
 
-A manifest (JSON, in tests/data/manifests/) records, as facts from the authors' model definitions,
-what a published file holds: its container format, where the tensors sit inside it, and every
-tensor's key, shape and dtype. Tests and the rehearsal config write a file with exactly those keys
+A manifest (JSON, in vlbert_core/convert/manifests/: package data, MANIFEST_DIR) records, as facts from
+the authors' model definitions, what a published file holds: its container format, where the tensors sit
+inside it, and every tensor's key, shape and dtype. Tests and the rehearsal config write a file with exactly those keys
 and shapes but random values (`write_stand_in`), then convert it: this exercises each converter on
 the published layout with no network and no multi-GB download.
 
@@ -26,6 +26,8 @@ import numpy as np
 import torch
 
 FORMATS = ("torch", "pickle")
+# The manifests of the published files, shipped with the package (the rehearsal's rule stand_in reads them)
+MANIFEST_DIR = Path(__file__).parent / "manifests"
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
-"""The heads of the authors' released fine-tuned checkpoints (jackroos/VL-BERT), task by task: how their keys map
-onto our task heads in the released layout (`model.task_heads: released`), and what the task meta needs that the
-checkpoint does not hold. The converter (vlbert.py) takes a fine-tuned checkpoint for the task whose rules, each
-matching a key, cover every key outside VL-BERT's body.
+"""The authors' released checkpoints (jackroos/VL-BERT): one `ReleasedLayout` record per kind of checkpoint
+(LAYOUTS: its manifest, the authors' model and config, and how the reference check feeds and reads it), and the
+heads of the fine-tuned ones, task by task: how their keys map onto our task heads in the released layout
+(`model.task_heads: released`), and what the task meta needs that the checkpoint does not hold. The converter
+(vlbert/checkpoint.py) takes a fine-tuned checkpoint for the task whose rules, each matching a key, cover every
+key outside VL-BERT's body.
 """
 
 from __future__ import annotations
@@ -10,24 +12,72 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 # This module imports no torch: `python -m vlbert_core.convert --help` and `python -m vlbert_core.convert.verify
-# --help` build their parsers from it alone.
+# --help` build their parsers from it alone. It imports nothing but the standard library either: the authors'
+# side of the reference check (vlbert/authors_runner.py), which runs in the authors' environment without this
+# package, reads LAYOUTS from this file.
+
+# How a layout's reference batch is drawn and fed to both models (ReleasedLayout.inputs)
+PRETRAINING_INPUTS = "pretraining"   # <caption, image> rows with masked words and RoIs, then text-only rows
+SENTENCE_INPUTS = "sentence"         # one sentence per image (ReleasedLayout.sentence)
+CANDIDATE_INPUTS = "candidates"      # a question and its candidate answers per image, words tagged with their box
+INPUT_KINDS = (PRETRAINING_INPUTS, SENTENCE_INPUTS, CANDIDATE_INPUTS)
+
 
 @dataclass(frozen=True)
 class ReleasedLayout:
-    """One kind of released checkpoint and the forward of the authors' code that computes it."""
+    """One kind of released checkpoint, the forward of the authors' code that computes it, and how the reference
+    check feeds both models one batch and reads their outputs (vlbert/reference.py ours, vlbert/authors_runner.py
+    theirs): the one record each of them reads instead of asking which task a layout is."""
     name: str
-    manifest: str            # tests/data/manifests/<manifest>.json: the checkpoint's keys, shapes and dtypes
+    manifest: str            # vlbert_core/convert/manifests/<manifest>.json: the checkpoint's keys, shapes and dtypes
     task: str | None         # our task of a fine-tuned head; None: a pre-trained model (MLM and masked-RoI heads)
     precomputed: bool        # RoI features are inputs (the authors' IMAGE_FEAT_PRECOMPUTED), not computed
     authors_config: str      # the authors' config the runner builds their model from
+    authors_package: str     # the authors' package of the model: <package>.function.config and <package>.modules
+    authors_class: str       # the model class in <package>.modules
+    inputs: str              # INPUT_KINDS: what the reference batch holds, and which forward arguments it makes
+    sentence: str | None = None           # SENTENCE_INPUTS: the batch's array of the sentence's word ids
+    sentence_lengths: tuple[int, ...] = ()   # SENTENCE_INPUTS: the words of each image's sentence
+    answer_slot: bool = False  # a [MASK] as our sentence B, where the answer is read (the authors' VQA adds it)
+    rows_per_image: int = 1    # consecutive rows of one image (VCR: its candidates); the visual network runs per image
+    output: str | None = None  # the stage our head's logits (the authors' label_logits) are kept as; None: the
+    #                            pre-training heads' MLM and masked-RoI logits and losses
+    per_box: bool = False      # `output` has one score per box, kept at the real boxes
+
+    def __post_init__(self) -> None:
+        if self.inputs not in INPUT_KINDS:
+            raise ValueError(f"released layout {self.name!r}: inputs must be one of {INPUT_KINDS}, got {self.inputs!r}")
+        if (self.inputs == SENTENCE_INPUTS) != (self.sentence is not None and bool(self.sentence_lengths)):
+            raise ValueError(f"released layout {self.name!r}: a sentence (and its lengths) is what sentence inputs have")
+        if (self.task is None) != (self.output is None) or (self.task is None) != (self.inputs == PRETRAINING_INPUTS):
+            raise ValueError(f"released layout {self.name!r}: a pre-trained model has pre-training inputs and no "
+                             "task output; a fine-tuned one has both")
+
+    @property
+    def pretrained(self) -> bool:
+        """A pre-trained model's checkpoint (no task head)."""
+        return self.task is None
 
 
+_PRETRAIN_MODEL = {"authors_package": "pretrain", "authors_class": "ResNetVLBERTForPretrainingMultitask",
+                   "inputs": PRETRAINING_INPUTS}
+# The order is part of the reference batches: each layout's batch is drawn from (seed, its index here).
 LAYOUTS = {layout.name: layout for layout in (
-    ReleasedLayout("pretrain-e2e", "vl-bert-base-e2e", None, False, "cfgs/pretrain/base_e2e_16x16G_fp16.yaml"),
-    ReleasedLayout("pretrain-prec", "vl-bert-base-prec", None, True, "cfgs/pretrain/base_prec_4x16G_fp32.yaml"),
-    ReleasedLayout("vqa", "vqa-base", "vqa", True, "cfgs/vqa/base_4x16G_fp32.yaml"),
-    ReleasedLayout("refcoco", "refcoco-base", "refcoco", False, "cfgs/refcoco/base_detected_regions_4x16G.yaml"),
-    ReleasedLayout("vcr", "vcr-base", "vcr_q2a", False, "cfgs/vcr/base_q2a_4x16G_fp32.yaml"),
+    ReleasedLayout("pretrain-e2e", "vl-bert-base-e2e", None, False, "cfgs/pretrain/base_e2e_16x16G_fp16.yaml",
+                   **_PRETRAIN_MODEL),
+    ReleasedLayout("pretrain-prec", "vl-bert-base-prec", None, True, "cfgs/pretrain/base_prec_4x16G_fp32.yaml",
+                   **_PRETRAIN_MODEL),
+    # <question, [MASK], image>: the answer logits at the [MASK]
+    ReleasedLayout("vqa", "vqa-base", "vqa", True, "cfgs/vqa/base_4x16G_fp32.yaml", "vqa", "ResNetVLBERT",
+                   SENTENCE_INPUTS, sentence="question", sentence_lengths=(7, 5), answer_slot=True,
+                   output="answer_logits"),
+    # <expression, image>: one score per box
+    ReleasedLayout("refcoco", "refcoco-base", "refcoco", False, "cfgs/refcoco/base_detected_regions_4x16G.yaml",
+                   "refcoco", "ResNetVLBERT", SENTENCE_INPUTS, sentence="expression", sentence_lengths=(6, 4),
+                   output="box_scores", per_box=True),
+    # <question, answer, image> for each of 4 candidates: one score per candidate
+    ReleasedLayout("vcr", "vcr-base", "vcr_q2a", False, "cfgs/vcr/base_q2a_4x16G_fp32.yaml", "vcr", "ResNetVLBERT",
+                   CANDIDATE_INPUTS, rows_per_image=4, output="choice_scores"),
 )}
 
 

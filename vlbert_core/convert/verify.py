@@ -2,14 +2,14 @@
 
 Does a converted checkpoint compute what the authors' code computes? Runs the authors' model (jackroos/VL-BERT,
 a checkout you downloaded, in its own Python environment) and the converted one on the same small batch
-(reference.py), and prints the largest difference at every stage: RoI features, their visual embedding, the
+(vlbert/reference.py), and prints the largest difference at every stage: RoI features, their visual embedding, the
 input embeddings, each encoder layer at the real elements, and the heads' logits (pre-training: MLM at masked
 words of captions and of text-only rows, masked-RoI classification at the chosen boxes, and the three losses).
 
 LAYOUT is one of reference.LAYOUTS: pretrain-e2e, pretrain-prec, vqa, refcoco, vcr. The checkpoint is either
 the authors' file (--checkpoint, with what its conversion needs: --bert-path, and --visual-weights for the prec
 and VQA ones, --answers / --object-names for VQA / VCR) or a stand-in written from a manifest of
-tests/data/manifests with trained-like random values (--stand-in, --seed). --golden-out writes the batch and a
+vlbert_core/convert/manifests with trained-like random values (--stand-in, --seed). --golden-out writes the batch and a
 few of the authors' numbers per stage (tests/data/golden/, compared by tests/test_golden_released.py).
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 # The model and the reference batch (torch) are imported where a check runs: --help answers without them.
 from .released_heads import LAYOUTS, get_layout
 
-RUNNER = Path(__file__).with_name("authors_runner.py")
+RUNNER = Path(__file__).parent / "vlbert" / "authors_runner.py"
 TOLERANCE = 1e-4        # the largest |difference| a stage may show (fp32, CPU)
 STAND_IN_VOCABULARY_SIZES = {"answers": 3129, "object_names": 81}   # the released heads' sizes
 INPUTS_FILE, NUMBERS_FILE = "{layout}.inputs.npz", "{layout}.json"
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "default: this one")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", type=Path, help="the authors' checkpoint file")
-    source.add_argument("--stand-in", type=Path, help="a manifest (tests/data/manifests/*.json): write a stand-in")
+    source.add_argument("--stand-in", type=Path, help="a manifest (vlbert_core/convert/manifests/*.json): write a stand-in")
     parser.add_argument("--seed", type=int, default=0, help="of the stand-in's values and of the batch")
     parser.add_argument("--bert-path", type=Path, default=None,
                         help="bert-base-uncased (vocab.txt, config.json); a stand-in's default: one written here")
@@ -65,7 +65,7 @@ def write_stand_in_files(manifest_path: Path, layout, workdir: Path, seed: int, 
     written into `workdir`: a BERT directory (unless `bert_path`), the ResNet-101 of the precomputed layouts
     (unless `visual_weights`) and placeholder answer / object-name lists of the released heads' sizes."""
     from .manifest import Manifest
-    from .reference import write_reference_checkpoint
+    from .vlbert.reference import write_reference_checkpoint
     from .stand_in import write_bert_stand_in, write_manifest_stand_in
 
     manifest = Manifest.load(manifest_path)
@@ -87,7 +87,7 @@ def write_stand_in_files(manifest_path: Path, layout, workdir: Path, seed: int, 
 
 def convert_files(files: dict, layout, out_dir: Path) -> Path:
     """Convert `files` (write_stand_in_files' or the user's) into `out_dir`, replacing what is there."""
-    from .vlbert import convert_vlbert
+    from .vlbert.checkpoint import convert_vlbert
 
     shutil.rmtree(out_dir, ignore_errors=True)
     convert_vlbert(files["checkpoint"], out_dir, bert_path=str(files["bert_path"]),
@@ -96,7 +96,7 @@ def convert_files(files: dict, layout, out_dir: Path) -> Path:
 
 
 def run_authors(args, layout, checkpoint: Path, vocab: Path, inputs_path: Path, out_path: Path) -> dict:
-    from .reference import load_arrays
+    from .stages import load_arrays
 
     command = [str(args.authors_python), str(RUNNER), "--repo", str(args.authors_repo), "--layout", layout.name,
                "--config", args.authors_config or layout.authors_config, "--checkpoint", str(checkpoint),
@@ -108,11 +108,11 @@ def run_authors(args, layout, checkpoint: Path, vocab: Path, inputs_path: Path, 
 
 
 def verify(args) -> list[dict]:
-    from vlbert_core.model.config import VLBertConfig, visual_pixel_format
+    from vlbert_core.models.common.config import visual_pixel_format
+    from vlbert_core.models.registry import family
 
-    from .reference import (
-        compare_stages, golden_numbers, normalised_images, our_outputs, reference_inputs, save_arrays,
-    )
+    from .stages import compare_stages, golden_numbers, save_arrays
+    from .vlbert.reference import normalised_images, our_outputs, reference_inputs
 
     layout = get_layout(args.layout)
     with tempfile.TemporaryDirectory() as scratch:
@@ -128,7 +128,7 @@ def verify(args) -> list[dict]:
         converted = convert_files(files, layout, workdir / "converted")
         inputs = reference_inputs(layout, args.seed)
         config = json.loads((converted / "config.json").read_text())   # a fine-tuned model's holds 'encoder'
-        pixel_format = visual_pixel_format(VLBertConfig.from_dict(config.get("encoder", config)))
+        pixel_format = visual_pixel_format(family("vlbert").config_class.from_dict(config.get("encoder", config)))
         runner_inputs = dict(inputs, normalised_images=normalised_images(inputs, pixel_format))
         inputs_path = workdir / "inputs.npz"
         save_arrays(runner_inputs, inputs_path)
@@ -151,9 +151,50 @@ def verify(args) -> list[dict]:
     return rows
 
 
+DETECTOR_LAYOUTS = {"bottom-up-detectron2-attr": "detectron2-attr", "bottom-up-bua-caffe": "bua-caffe"}
+
+
+def build_detector_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m vlbert_core.convert.verify bottom-up-{detectron2-attr,bua-caffe}",
+        description="Does the converted bottom-up-attention detector compute what the port computes? Compares our "
+                    "converter + detector on the published file (or any file of its layout) with a reference NPZ that "
+                    "a driver of the port's own extraction path wrote (docs/bottom-up-detector.md, 'Checked against "
+                    "the ports': keys img<i>/fp32/<stage> and, for the port's own rounding, img<i>/fp64/<stage>), and "
+                    "prints the largest difference per stage and whether the kept boxes are the same.")
+    parser.add_argument("layout", choices=list(DETECTOR_LAYOUTS))
+    parser.add_argument("--checkpoint", required=True, type=Path, help="the published file the port ran")
+    parser.add_argument("--reference", required=True, type=Path, help="the port's per-stage NPZ")
+    parser.add_argument("--images", required=True, type=Path, nargs="+", help="the images the port ran, in order")
+    parser.add_argument("--config-override", default="{}",
+                        help="JSON merged into the converted config, e.g. '{\"rpn_post_nms_test\": 1000}' to check "
+                             "a run with another setting")
+    parser.add_argument("--json", type=Path, default=None, help="write the comparison rows as JSON")
+    return parser
+
+
+def verify_detector(argv: list[str]) -> int:
+    from .bottom_up import compare_with_port
+
+    args = build_detector_parser().parse_args(argv)
+    rows = compare_with_port(args.checkpoint, DETECTOR_LAYOUTS[args.layout], args.reference, args.images,
+                             config_override=json.loads(args.config_override))
+    print(f"{'stage':18s} {'ours - port':>12s} {'relative':>9s} {'port fp32 - fp64':>17s} {'relative':>9s}")
+    for row in rows["stages"]:
+        print(f"{row['stage']:18s} {row['abs']:12.3e} {row['rel']:9.2e} {row['port_abs']:17.3e} {row['port_rel']:9.2e}")
+    for line in rows["kept"]:
+        print(line)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0 if rows["same_kept_boxes"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in DETECTOR_LAYOUTS:
+        return verify_detector(argv)
     args = build_parser().parse_args(argv)
-    from .reference import report_stages
+    from .stages import report_stages
 
     rows = verify(args)
     return report_stages(rows, f"{args.layout}: ours vs the authors' code ({args.checkpoint or args.stand_in}), fp32 on {os.cpu_count()} "

@@ -2,7 +2,8 @@
 
 Sizes reported as "original" are those of the upright image (after the EXIF orientation is
 applied), i.e. what a viewer of the source image sees; boxes computed on the stored JPEG scale
-back to it by width/original_width.
+back to it by width/original_width. The orientation and the conversion of every Pillow mode to
+8-bit RGB (alpha onto white, 16-bit scaled) are the one decoder's (vlbert_core/images.py).
 
 A JPEG much larger than the output is decoded at a reduced scale (libjpeg's DCT scaling, through
 Pillow's draft mode) and then resampled, never below the output size; the pixel cap is checked on
@@ -15,24 +16,14 @@ import io
 import math
 from typing import NamedTuple
 
-from PIL import ExifTags, Image
+from PIL import Image
 
 from vlbert_core.data import status as st
-from vlbert_core.images import DEFAULT_MAX_PIXELS, ImageTooLarge, ImageUnreadable, NotAnImage, open_image
+from vlbert_core.images import (DEFAULT_MAX_PIXELS, EXIF_TRANSPOSE, TURNS_SIDEWAYS, ImageTooLarge, ImageUnreadable,
+                                NotAnImage, exif_orientation, open_image, to_rgb)
 
 MODES = ("keep_ratio", "center_crop")
 DEFAULT_JPEG_QUALITY = 95
-_WHITE = (255, 255, 255)
-_EXIF_TRANSPOSE = {
-    2: Image.Transpose.FLIP_LEFT_RIGHT,
-    3: Image.Transpose.ROTATE_180,
-    4: Image.Transpose.FLIP_TOP_BOTTOM,
-    5: Image.Transpose.TRANSPOSE,
-    6: Image.Transpose.ROTATE_270,
-    7: Image.Transpose.TRANSVERSE,
-    8: Image.Transpose.ROTATE_90,
-}
-_TURNS_SIDEWAYS = frozenset({5, 6, 7, 8})  # orientations whose upright image swaps width and height
 # Pillow's antialiased bilinear (a triangle filter widened by the scale factor, like torchvision's
 # Resize(antialias=True)). After the JPEG draft decode the remaining shrink is below 2x, where it
 # stays within about 1 grey level (mean absolute difference) of a full-resolution LANCZOS resize,
@@ -56,23 +47,6 @@ class ResizedImage(NamedTuple):
     original_height: int
 
 
-def _to_rgb(image: Image.Image) -> Image.Image:
-    """RGB without surprises: alpha is composited onto white (not dropped to black)."""
-    if image.mode == "P" and "transparency" in image.info:
-        image = image.convert("RGBA")
-    if image.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
-        rgba = image.convert("RGBA")
-        background = Image.new("RGBA", rgba.size, _WHITE + (255,))
-        return Image.alpha_composite(background, rgba).convert("RGB")
-    if image.mode in ("I", "I;16", "I;16B", "I;16L", "F"):
-        # High bit-depth greyscale: scale to 8 bits instead of clipping everything above 255 to white.
-        image = image.convert("F")
-        low, high = image.getextrema()
-        scale = 255.0 / (high - low) if high > low else 0.0
-        image = image.point(lambda value: (value - low) * scale).convert("L")
-    return image.convert("RGB") if image.mode != "RGB" else image
-
-
 def _downscale_factor(width: int, height: int, max_side: int, mode: str) -> float:
     """Output size / input size (1.0: no resize). The same for both axes and for either orientation,
     since keep_ratio scales by the longest side and center_crop by the shorter one."""
@@ -94,16 +68,6 @@ def _plan(width: int, height: int, max_side: int, mode: str) -> tuple[tuple[int,
         return box, (box_width, box_height)
     scale = max_side / longest
     return box, (max(1, round(box_width * scale)), max(1, round(box_height * scale)))
-
-
-def _exif_orientation(image: Image.Image) -> int:
-    """The EXIF orientation (1 = stored upright), 1 when the EXIF cannot be read: the pixels are
-    fine then, and are kept as stored."""
-    try:
-        orientation = image.getexif().get(ExifTags.Base.Orientation, 1)
-        return orientation if orientation in _EXIF_TRANSPOSE else 1
-    except (OSError, ValueError, KeyError, TypeError, SyntaxError):
-        return 1
 
 
 def resize_image(
@@ -160,14 +124,15 @@ def resize_image(
                 st.DECODE_ERROR,
                 f"image {name or '(downloaded bytes)'} cannot be decoded: {image.format}: {type(err).__name__}: {err}",
             ) from None
-        # What ImageOps.exif_transpose does, without the full copy it makes of an image that needs no turn.
-        orientation = _exif_orientation(image)
-        upright = image.transpose(_EXIF_TRANSPOSE[orientation]) if orientation != 1 else image
+        # What ImageOps.exif_transpose does, without the full copy it makes of an image that needs no turn
+        # (vlbert_core.images: the one decoder's orientation and modes).
+        orientation = exif_orientation(image)
+        upright = image.transpose(EXIF_TRANSPOSE[orientation]) if orientation != 1 else image
         # The original size is the full-resolution upright one, whatever scale was decoded.
-        sideways = orientation in _TURNS_SIDEWAYS
+        sideways = orientation in TURNS_SIDEWAYS
         original_width, original_height = (height, width) if sideways else (width, height)
         try:
-            rgb = _to_rgb(upright)
+            rgb = to_rgb(upright)
         except (ValueError, OSError) as err:
             raise ImageRejected(st.DECODE_ERROR, f"cannot convert {upright.mode} image to RGB: {err}") from None
         box, size = _plan(original_width, original_height, max_side, mode)

@@ -76,8 +76,7 @@ def run_detector(model: torch.nn.Module, images: Sequence[torch.Tensor]) -> list
             class_logits, box_regression = heads.box_predictor(box_features)
             pred_scores = F.softmax(class_logits, dim=-1)
             counts = [len(p) for p in proposals]
-            ratios = [proposals[0].new_tensor([original[1] / resized[1], original[0] / resized[0]] * 2)
-                      for resized, original in zip(image_list.image_sizes, original_sizes)]
+            ratios = [proposals[0].new_tensor(r) for r in _to_original(image_list, original_sizes)]
             legacy = uses_legacy_boxes(model)
             if legacy:
                 # py-faster-rcnn decodes in original-image pixels (rois / im_scale), where the +1 of
@@ -101,6 +100,58 @@ def run_detector(model: torch.nn.Module, images: Sequence[torch.Tensor]) -> list
     finally:
         model.train(was_training)
     return results
+
+
+def _to_original(image_list, original_sizes) -> list[list[float]]:
+    """[sx, sy, sx, sy] per image: resized-frame boxes times it are in the original image's pixels
+    (the transform's own, faster_rcnn.PixelFormatTransform; otherwise the ratio of the sizes)."""
+    if hasattr(image_list, "to_original"):
+        return image_list.to_original
+    return [[original[1] / resized[1], original[0] / resized[0]] * 2
+            for resized, original in zip(image_list.image_sizes, original_sizes)]
+
+
+def detector_stages(model: torch.nn.Module, images: Sequence[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """Every stage of the detector on a batch of images ([3, H, W] float in [0, 1]), per image: `input`
+    (the normalised, resized image [3, h, w]), `res4` (the body's map), `proposals` ([P, 4], resized frame),
+    `pooled` (the RoI pooler's [P, C, 14, 14]), `features` (the head's [P, 2048]), `class_logits`,
+    `box_deltas`, `class_scores` (softmax, background 0), `boxes_per_class` ([P, K, 4], original pixels, as
+    run_detector), `proposals_original` (the proposals in original pixels) and, with an attribute head,
+    `attribute_logits` / `attribute_scores` (softmax, 0 = no attribute) of each proposal's arg-max class.
+    For comparisons with the released detectors (convert.verify's detector layouts, docs/bottom-up-detector.md)."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            image_list, features, original_sizes = _backbone_features(model, images, device)
+            proposals, _ = model.rpn(image_list, features)
+            heads = model.roi_heads
+            pooled = heads.box_roi_pool(features, proposals, image_list.image_sizes)
+            box_features = heads.box_head(pooled)
+            class_logits, box_regression = heads.box_predictor(box_features)
+            attribute_logits = None
+            if hasattr(heads, "attribute_predictor"):
+                attribute_logits = heads.attribute_predictor(box_features.flatten(1), class_logits.argmax(dim=1))
+            per_class = run_detector(model, images)
+            counts = [len(p) for p in proposals]
+            out = []
+            to_original = _to_original(image_list, original_sizes)
+            for i, count in enumerate(counts):
+                sl = slice(sum(counts[:i]), sum(counts[:i]) + count)
+                h, w = image_list.image_sizes[i]
+                stage = {"input": image_list.tensors[i, :, :h, :w], "res4": features["0"][i],
+                         "proposals": proposals[i], "pooled": pooled[sl], "features": box_features[sl],
+                         "class_logits": class_logits[sl], "box_deltas": box_regression[sl],
+                         "class_scores": F.softmax(class_logits[sl], dim=-1), "boxes_per_class": per_class[i][0],
+                         "proposals_original": proposals[i] * proposals[i].new_tensor(to_original[i])}
+                if attribute_logits is not None:
+                    stage["attribute_logits"] = attribute_logits[sl]
+                    stage["attribute_scores"] = F.softmax(attribute_logits[sl], dim=-1)
+                out.append(stage)
+    finally:
+        model.train(was_training)
+    return out
 
 
 def detect_rois(model: torch.nn.Module, images: Sequence[torch.Tensor], select_kwargs: Mapping[str, Any]) -> list[SelectedRoIs]:

@@ -25,6 +25,12 @@ there (docs/bottom-up-detector.md lists each convention and where the source has
                      torchvision.ops.RoIPool at 1/16); output 14x14 either way.
   size_divisible     the transform pads a batch to a multiple of this (default 32; Caffe: 1, no padding
                      beyond the largest image of the batch).
+  resize             torchvision (default: GeneralizedRCNNTransform's bilinear on the normalised float image,
+                     sides floor(side * s)) | pil_uint8 (detectron2's ResizeShortestEdge: PIL bilinear on the
+                     uint8 image, sides int(side * s + 0.5); airsplay's port) | cv2_float (py-faster-rcnn's
+                     _get_image_blob: cv2.resize INTER_LINEAR on the float image minus the means, scale
+                     min_size / short side unless round(s * long side) > max_size, sides rounded, and boxes
+                     mapped back by 1 / s; the Caffe original and MILVLG's port).
   num_attributes     optional: adds the bottom-up attribute head (AttributePredictor, in
                      AttributeRoIHeads) with num_attributes + 1 outputs ("no attribute" at 0).
   attribute_loss_weight
@@ -63,6 +69,7 @@ CAFFE_ANCHOR_BASE_SIZE = 16     # py-faster-rcnn's reference window (0, 0, 15, 1
 ANCHOR_STYLES = ("torchvision", "caffe", "detectron2")
 BOX_CODINGS = ("torchvision", "caffe_legacy")
 ROI_POOLERS = ("roi_align", "roi_pool")
+RESIZES = ("torchvision", "pil_uint8", "cv2_float")
 
 
 # ---- anchors ----------------------------------------------------------------------------------------
@@ -342,11 +349,16 @@ class AttributePredictor(nn.Module):
     feature width / 8 and / 4, as the PyTorch ports build them. The class is the ground truth's in
     training (AttributeRoIHeads) and the arg-max of the class scores at test time (predict_attributes)."""
 
-    def __init__(self, in_channels: int, num_classes_with_background: int, num_attributes: int):
+    def __init__(self, in_channels: int, num_classes_with_background: int, num_attributes: int,
+                 embed_dim: int | None = None, hidden_dim: int | None = None):
         super().__init__()
-        self.cls_embedding = nn.Embedding(num_classes_with_background, in_channels // 8)
-        self.fc_attr = nn.Linear(in_channels + in_channels // 8, in_channels // 4)
-        self.attr_score = nn.Linear(in_channels // 4, num_attributes + 1)
+        # MILVLG's port fixes 256 and 512 whatever the width (bua/caffe/modeling/fast_rcnn.py:255-257):
+        # embed_dim / hidden_dim (config attribute_embed_dim / attribute_hidden_dim) say so for a narrow model.
+        embed_dim = in_channels // 8 if embed_dim is None else int(embed_dim)
+        hidden_dim = in_channels // 4 if hidden_dim is None else int(hidden_dim)
+        self.cls_embedding = nn.Embedding(num_classes_with_background, embed_dim)
+        self.fc_attr = nn.Linear(in_channels + embed_dim, hidden_dim)
+        self.attr_score = nn.Linear(hidden_dim, num_attributes + 1)
         # The output layer as Caffe's filler (gaussian std 0.01, zero bias). The embedding and fc_attr keep
         # PyTorch's initialisation: Caffe's std 0.01 on all three suits its 2,048-wide features; on a narrow
         # head it leaves the product of two 0.01-scaled layers, and 150 steps of the world's detector
@@ -423,26 +435,113 @@ class AttributeRoIHeads(RoIHeads):
 
 # ---- transform -----------------------------------------------------------------------------------------
 
+def released_resize_scale(height: int, width: int, min_size: int, max_size: int, mode: str) -> tuple[float, int, int]:
+    """(scale, new height, new width) of the released resizes (module docstring, `resize`).
+    pil_uint8: detectron2's ResizeShortestEdge.get_transform (airsplay transform_gen.py:200-210);
+    cv2_float: py-faster-rcnn's _get_image_blob (MILVLG utils/extract_utils.py:43-49), the sides as
+    cv2.resize(fx=fy=scale) rounds them (cvRound: half to even)."""
+    short, long = min(height, width), max(height, width)
+    if mode == "pil_uint8":
+        scale = min_size * 1.0 / short
+        new_h, new_w = (min_size, scale * width) if height < width else (scale * height, min_size)
+        if max(new_h, new_w) > max_size:
+            shrink = max_size * 1.0 / max(new_h, new_w)
+            new_h, new_w = new_h * shrink, new_w * shrink
+        return scale, int(new_h + 0.5), int(new_w + 0.5)
+    if mode == "cv2_float":
+        scale = float(min_size) / float(short)
+        if np.round(scale * long) > max_size:
+            scale = float(max_size) / float(long)
+        return scale, int(round(height * scale)), int(round(width * scale))
+    raise ValueError(f"released_resize_scale: mode {mode!r}")
+
+
+def cv2_linear_resize(image: Tensor, new_h: int, new_w: int, scale: float) -> Tensor:
+    """cv2.resize(image, None, fx=scale, fy=scale, interpolation=INTER_LINEAR) of a float [C, H, W] image:
+    the source of output pixel d is (d + 0.5) / scale - 0.5, clamped to the border pixels (no antialias)."""
+    def taps(out_size: int, in_size: int) -> tuple[Tensor, Tensor, Tensor]:
+        src = (torch.arange(out_size, dtype=torch.float64) + 0.5) * (1.0 / scale) - 0.5
+        low = torch.floor(src)
+        frac = src - low
+        low = low.long()
+        frac = torch.where(low < 0, torch.zeros_like(frac), frac)
+        low = low.clamp(min=0)
+        frac = torch.where(low >= in_size - 1, torch.zeros_like(frac), frac)
+        low = low.clamp(max=in_size - 1)
+        high = (low + 1).clamp(max=in_size - 1)
+        return low.to(image.device), high.to(image.device), frac.to(image.dtype).to(image.device)
+
+    y0, y1, fy = taps(new_h, image.shape[-2])
+    x0, x1, fx = taps(new_w, image.shape[-1])
+    rows = image[:, y0, :] * (1 - fy)[:, None] + image[:, y1, :] * fy[:, None]
+    return rows[:, :, x0] * (1 - fx) + rows[:, :, x1] * fx
+
+
 class PixelFormatTransform(GeneralizedRCNNTransform):
     """torchvision's resize-and-batch transform, normalising as the backbone's `pixel_format` says
     (torchvision's own normalisation knows neither BGR nor the 0-255 scale of Caffe weights). The
-    ImageList it returns also carries `image_scales` (resized / original height per image), which
-    Caffe's minimum proposal size is measured with."""
+    ImageList it returns also carries `image_scales` (resized / original height per image, or the
+    scale itself for cv2_float), which Caffe's minimum proposal size is measured with, and
+    `to_original` ([sx, sy, sx, sy] per image: a box in the resized frame times it is in the original
+    image's pixels). `resize` (module docstring) picks the resize; the default is torchvision's own."""
 
-    def __init__(self, min_size: int, max_size: int, pixel_format: str, size_divisible: int = 32):
+    def __init__(self, min_size: int, max_size: int, pixel_format: str, size_divisible: int = 32,
+                 resize: str = "torchvision"):
         fmt = get_pixel_format(pixel_format)
         super().__init__(min_size, max_size, image_mean=list(fmt.mean), image_std=list(fmt.std),
                          size_divisible=size_divisible)
+        if resize not in RESIZES:
+            raise ValueError(f"detector.resize={resize!r}: expected one of {list(RESIZES)}")
         self.pixel_format = pixel_format
+        self.resize_mode = resize
+        self._scales: list[float] = []
 
     def normalize(self, image):
+        if self.resize_mode != "torchvision":
+            return image  # resize() normalises, in the order the source does
         return normalise_pixels(image, self.pixel_format)
 
+    def resize(self, image, target=None):
+        if self.resize_mode == "torchvision":
+            return super().resize(image, target)
+        height, width = int(image.shape[-2]), int(image.shape[-1])
+        scale, new_h, new_w = released_resize_scale(height, width, int(self.min_size[-1]), int(self.max_size),
+                                                    self.resize_mode)
+        fmt = get_pixel_format(self.pixel_format)
+        mean = torch.tensor(fmt.mean, dtype=torch.float32, device=image.device).view(3, 1, 1)
+        std = torch.tensor(fmt.std, dtype=torch.float32, device=image.device).view(3, 1, 1)
+        if self.resize_mode == "pil_uint8":
+            from PIL import Image
+
+            # our input is uint8 / 255 (images.to_unit_float): back to the uint8 image the source resizes
+            pixels = (image.float() * 255.0).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+            resized = np.asarray(Image.fromarray(pixels).resize((new_w, new_h), Image.BILINEAR))
+            out = torch.from_numpy(resized.copy()).permute(2, 0, 1).to(image.device).float()
+            out = out.flip(0) if fmt.bgr else out
+            out = (out * (fmt.scale / 255.0) - mean) / std
+        else:
+            pixels = (image.float() * 255.0).round() if fmt.scale == 255.0 else image.float()
+            pixels = pixels.flip(0) if fmt.bgr else pixels
+            out = cv2_linear_resize((pixels - mean) / std, new_h, new_w, scale)
+        self._scales.append(scale)
+        if target is not None and "boxes" in target:
+            from torchvision.models.detection.transform import resize_boxes
+
+            target["boxes"] = resize_boxes(target["boxes"], (height, width), (new_h, new_w))
+        return out, target
+
     def forward(self, images, targets=None):
-        original_heights = [int(img.shape[-2]) for img in images]
+        original_sizes = [(int(img.shape[-2]), int(img.shape[-1])) for img in images]
+        self._scales = []
         image_list, targets = super().forward(images, targets)
-        image_list.image_scales = [resized[0] / original for resized, original in
-                                   zip(image_list.image_sizes, original_heights)]
+        if self.resize_mode == "cv2_float":
+            image_list.image_scales = list(self._scales)
+            image_list.to_original = [[1.0 / s, 1.0 / s] * 2 for s in self._scales]
+        else:
+            image_list.image_scales = [resized[0] / original[0] for resized, original in
+                                       zip(image_list.image_sizes, original_sizes)]
+            image_list.to_original = [[original[1] / resized[1], original[0] / resized[0]] * 2 for resized, original
+                                      in zip(image_list.image_sizes, original_sizes)]
         return image_list, targets
 
 
@@ -527,10 +626,11 @@ def build_detector(cfg: Mapping[str, Any], num_classes: int) -> FasterRCNN:
         model.rpn = TopProposalsRPN.like(model.rpn)
     if cfg.get("num_attributes") is not None:
         model.roi_heads = AttributeRoIHeads(
-            model.roi_heads, AttributePredictor(head_out, num_classes + 1, int(cfg["num_attributes"])),
+            model.roi_heads, AttributePredictor(head_out, num_classes + 1, int(cfg["num_attributes"]),
+                                                cfg.get("attribute_embed_dim"), cfg.get("attribute_hidden_dim")),
             float(cfg.get("attribute_loss_weight", 0.0)))
     model.transform = PixelFormatTransform(int(cfg["min_size"]), int(cfg["max_size"]), backbone_cfg.pixel_format,
-                                           int(cfg.get("size_divisible", 32)))
+                                           int(cfg.get("size_divisible", 32)), str(cfg.get("resize", "torchvision")))
     return model
 
 

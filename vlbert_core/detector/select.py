@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torchvision.ops import batched_nms
+from torchvision.ops import batched_nms, nms
 
 from .faster_rcnn import inclusive_corners
 
@@ -23,6 +23,7 @@ class SelectedRoIs:
     scores: torch.Tensor
     class_ids: torch.Tensor
     class_scores: torch.Tensor
+    proposals: torch.Tensor | None = None   # [N] int64: the proposal each box came from (its RoI feature's row)
 
     def __len__(self) -> int:
         return int(self.boxes.shape[0])
@@ -112,4 +113,49 @@ def select_rois(
         scores=cand_scores[chosen],
         class_ids=cand_classes[chosen],
         class_scores=class_scores[cand_proposals[chosen]].float(),
+        proposals=cand_proposals[chosen],
     )
+
+
+def select_rois_bottom_up(
+    proposal_boxes: torch.Tensor,
+    class_scores: torch.Tensor,
+    *,
+    score_threshold: float = 0.2,
+    min_boxes: int = 10,
+    max_boxes: int = 100,
+    nms_iou: float = 0.3,
+    legacy_iou: bool = True,
+) -> SelectedRoIs:
+    """The RoI rule of the released bottom-up-attention features (Anderson et al.'s tools/generate_tsv.py,
+    which VL-BERT's and ViLBERT's precomputed features used; MILVLG utils/extract_utils.py:62-81).
+
+    Inputs: proposal_boxes [P, 4] (the RPN's boxes, not the regressed ones: generate_tsv keeps "the original
+    boxes"), class_scores [P, K+1] (softmax, background 0). For each class k >= 1, NMS at `nms_iou` over all
+    proposals scored by class k; a proposal's confidence is its best class score among the classes it
+    survived. Proposals with confidence >= score_threshold are kept; fewer than min_boxes: the min_boxes most
+    confident, more than max_boxes: the max_boxes most confident. Each kept box's class is its arg-max
+    foreground class and its score that class's score (objects_id / objects_conf of the source). The output
+    is sorted by confidence (stable; the source keeps proposal order when 10..100 pass, our schema sorts).
+    `legacy_iou`: Caffe's NMS with +1 areas (MILVLG bua/caffe/modeling/layers/csrc/nms/nms_cpu.cpp:22).
+    """
+    num_proposals, num_columns = class_scores.shape
+    if proposal_boxes.shape != (num_proposals, 4):
+        raise ValueError(f"select_rois_bottom_up: proposal_boxes must be [{num_proposals}, 4], got "
+                         f"{tuple(proposal_boxes.shape)}")
+    if not 1 <= min_boxes <= max_boxes:
+        raise ValueError(f"select_rois_bottom_up: need 1 <= min_boxes <= max_boxes, got {min_boxes}, {max_boxes}")
+    boxes = proposal_boxes.float()
+    scores = class_scores.float()
+    nms_boxes = inclusive_corners(boxes) if legacy_iou else boxes
+    max_conf = torch.zeros(num_proposals, dtype=scores.dtype, device=scores.device)
+    for k in range(1, num_columns):
+        keep = nms(nms_boxes, scores[:, k], nms_iou)
+        max_conf[keep] = torch.maximum(max_conf[keep], scores[keep, k])
+    order = torch.sort(max_conf, descending=True, stable=True).indices
+    passing = int((max_conf >= score_threshold).sum())
+    chosen = order[:min(max(passing, min_boxes), max_boxes)]
+    foreground = scores[chosen, 1:]
+    best, best_class = foreground.max(dim=1) if len(chosen) else (foreground.new_zeros(0), chosen.new_zeros(0))
+    return SelectedRoIs(boxes=boxes[chosen], scores=best, class_ids=best_class + 1, class_scores=scores[chosen],
+                        proposals=chosen)

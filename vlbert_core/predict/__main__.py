@@ -34,12 +34,12 @@ from pathlib import Path
 
 from vlbert_core.utils import atomic_path
 
-from .api import PredictError, Predictor, check_image_sizes, image_cap
+from .api import PredictError, Predictor, check_image_sizes, check_query_images, draw_format, image_cap, url_scheme
 
 DEFAULT_CONFIG = Path("config/config.yaml")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m vlbert_core.predict", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, type=Path,
@@ -69,25 +69,86 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rank-images", type=Path, metavar="FOLDER",
                         help="retrieval: rank the folder's .jpg/.jpeg/.png images for each --text caption")
     parser.add_argument("--top-k", type=int, default=5, help="answers / boxes listed per query (default 5)")
-    parser.add_argument("--draw", type=Path, help="RefCOCO+: PNG of the image with the chosen box "
-                                                  "(several queries: PATH_<n>.png)")
+    parser.add_argument("--draw", type=Path, help="RefCOCO+: the image with the chosen box, as PNG (PATH.png) or JPEG "
+                                                  "(PATH.jpg); several queries: PATH_<n>.png")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    return parser.parse_args(argv)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+DEVICE_PATTERN = r"cpu|cuda(:\d+)?"
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The flags' values, before any file is read (issue #56): a bad one is argparse's error, exit 2."""
+    import re
+
+    if args.top_k < 1:
+        parser.error(f"--top-k {args.top_k}: must be at least 1")
+    if not re.fullmatch(DEVICE_PATTERN, args.device):
+        parser.error(f"--device {args.device!r}: expected cpu, cuda or cuda:N")
+    for value in args.image:
+        try:
+            url_scheme(value)
+        except PredictError as err:
+            parser.error(f"--{err}")   # "--image ftp://...: unsupported URL scheme 'ftp'; ..."
+    if args.draw is not None:
+        try:
+            draw_format(args.draw)
+        except PredictError as err:
+            parser.error(f"--draw {args.draw}: {str(err).split(': ', 1)[1]}")
+    for value in args.boxes or ():
+        try:
+            _numbers(value, "--boxes")
+        except PredictError as err:
+            parser.error(str(err))
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """The input and output paths other than the images (`check_query_images`), before the model loads: what must
+    be a file is one, what must be a folder is one, and where the outputs go exists."""
+    from vlbert_core.config_schema import check_input_dir, check_input_file
+
+    if args.detector is not None:
+        check_input_file(args.detector, "--detector")
+    if args.annotations is not None:
+        check_input_file(args.annotations, "--annotations")
+    if args.images_dir is not None:
+        check_input_dir(args.images_dir, "--images-dir")
+    for flag, out in (("--out", args.out), ("--draw", args.draw)):
+        if out is None:
+            continue
+        if out.is_dir():
+            raise IsADirectoryError(f"{flag} {out} is a directory, not a file name")
+        if not out.parent.is_dir():
+            raise FileNotFoundError(f"{flag} {out}: its folder {out.parent} does not exist")
+
+
+def check_device(device: str) -> None:
+    """--device cuda on a machine without CUDA: an error saying how to run on the CPU, before the model loads."""
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"--device {device}: torch sees no CUDA device on this machine; run on the CPU with "
+                               f"--device cpu (the default)")
 
 
 def read_config(paths: list[Path] | None) -> dict:
-    from vlbert_core.pretrain.__main__ import merge
-    from vlbert_core.utils import read_yaml
+    """The --config files merged (config/config.yaml when none is given and it exists), each read with the one
+    reader (a key given twice is an error) and validated against config/schema.yaml (vlbert_core/config_schema.py)."""
+    from vlbert_core.config_schema import read_configs
 
     if paths is None:
         paths = [DEFAULT_CONFIG] if DEFAULT_CONFIG.is_file() else []
-    config: dict = {}
-    for path in paths:
-        if not path.is_file():
-            raise PredictError(f"--config {path} does not exist")
-        config = merge(config, read_yaml(path, "--config"))
-    return config
+    try:
+        return read_configs(paths, "--config")
+    except FileNotFoundError as err:
+        raise PredictError(str(err)) from None
 
 
 def _numbers(text: str, what: str) -> list[float]:
@@ -146,6 +207,8 @@ def flag_queries(args: argparse.Namespace) -> list[dict]:
 def file_queries(path: Path) -> list[dict]:
     from vlbert_core.utils import read_jsonl
 
+    if path.is_dir():
+        raise PredictError(f"--queries {path} is a directory, not a file")
     if not path.is_file():
         raise PredictError(f"--queries {path} does not exist")
     return read_jsonl(path)
@@ -163,8 +226,10 @@ def folder_images(folder: Path) -> list[str]:
     """The images of a folder to rank, sorted by name."""
     from vlbert_core.tasks.retrieval import IMAGE_SUFFIXES
 
+    if not folder.exists():
+        raise PredictError(f"--rank-images {folder} does not exist")
     if not folder.is_dir():
-        raise PredictError(f"--rank-images {folder} is not a folder")
+        raise PredictError(f"--rank-images {folder} is a file, not a folder")
     images = [str(p) for p in sorted(folder.iterdir()) if p.suffix.lower() in IMAGE_SUFFIXES]
     if not images:
         raise PredictError(f"--rank-images {folder} has no {'/'.join(IMAGE_SUFFIXES)} image")
@@ -181,6 +246,7 @@ def rank_folder(args: argparse.Namespace, config: dict) -> dict:
     images = folder_images(args.rank_images)
     max_image_pixels = image_cap(config)
     check_image_sizes(images, max_image_pixels)
+    check_device(args.device)
     predictor = Predictor(args.model, task=args.task, detector=args.detector, config=config, device=args.device,
                           max_image_pixels=max_image_pixels)
     if predictor.task.name != "retrieval":
@@ -191,15 +257,19 @@ def rank_folder(args: argparse.Namespace, config: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_arguments(parser, args)   # the flags' values (exit 2); then every input, before the model loads (exit 1)
     config = read_config(args.config)
+    check_inputs(args)
     if args.rank_images is not None:
         return emit(rank_folder(args, config), args.out)
-    queries = flag_queries(args)   # the cheap checks of what was asked come before loading the model
+    queries = flag_queries(args)
     if args.queries:
         queries += file_queries(args.queries)
     max_image_pixels = image_cap(config)   # the config's max_image_pixels
-    check_image_sizes([q["image"] for q in queries if isinstance(q.get("image"), str)], max_image_pixels)
+    check_query_images(queries, max_image_pixels)   # local files: kind, header, the boxes they are given
+    check_device(args.device)
     predictor = Predictor(args.model, task=args.task, detector=args.detector, config=config, device=args.device,
                           max_image_pixels=max_image_pixels)
     if args.annotations:
@@ -211,8 +281,12 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def emit(payload: dict, out: Path | None) -> dict:
-    """Print the answers as JSON (and write them to `out`)."""
-    text = json.dumps(payload, indent=1)
+    """Print the answers as strict JSON (and write them to `out`): a NaN or infinity is an error naming the model
+    (`check_finite`), never the `NaN` that strict JSON parsers reject."""
+    from .api import check_finite
+
+    check_finite(payload.get("results"), f"model {payload.get('model')}")
+    text = json.dumps(payload, indent=1, allow_nan=False)
     if out:
         with atomic_path(out) as tmp:
             tmp.write_text(text + "\n")

@@ -29,8 +29,11 @@ class PredictError(ValueError):
 def read_model_task(model_dir: str | os.PathLike) -> str:
     """The task name a fine-tune directory's config.json records, or an error naming what is missing."""
     model_dir = Path(model_dir)
-    if not model_dir.is_dir():
+    if not model_dir.exists():
         raise PredictError(f"model directory {model_dir} does not exist")
+    if not model_dir.is_dir():
+        raise PredictError(f"model directory {model_dir} is a file, not a directory: give the fine-tune directory "
+                           f"(results/finetune/<task>/<setting>/<schedule>) that holds it")
     from vlbert_core.tasks.finetune import CONFIG_FILE, MODEL_FILE
 
     config_path = model_dir / CONFIG_FILE
@@ -54,19 +57,87 @@ def image_cap(config: Mapping[str, Any] | None, max_image_pixels: int | None = N
     return checked_max_pixels(max_image_pixels)
 
 
-def check_image_sizes(images: Sequence[str], max_pixels: int) -> None:
-    """The pixel cap on the query images that are local files, from their headers only (ImageTooLarge): the
-    command line runs it before it loads the model. Missing files and URLs are left to `Predictor.predict`."""
-    from vlbert_core.images import ImageTooLarge, open_image
+URL_SCHEMES = ("http", "https", "file")   # what an image may be besides a path (fetched with the downloader)
+DRAW_FORMATS = {"": "PNG", ".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG"}   # --draw's file name suffix -> format
 
-    for source in dict.fromkeys(images):
-        if "://" not in source and Path(source).is_file():
-            try:
-                open_image(source, max_pixels=max_pixels, name=source).close()
-            except ImageTooLarge:
-                raise
-            except (ValueError, OSError):
-                pass  # any other fault of the image is Predictor.predict's to report, as for every query
+
+def url_scheme(source: str) -> str:
+    """The URL scheme of an image source ("" for a path); an error for a scheme the predictor cannot fetch."""
+    if "://" not in source:
+        return ""
+    scheme = source.split("://", 1)[0].lower()
+    if scheme not in URL_SCHEMES:
+        raise PredictError(f"image {source}: unsupported URL scheme {scheme!r}; an image is a path or an "
+                           f"{'/'.join(URL_SCHEMES)} URL")
+    return scheme
+
+
+def draw_format(path: str | os.PathLike) -> str:
+    """The image format a --draw path's suffix names (PNG without a suffix); an error for another suffix."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in DRAW_FORMATS:
+        raise PredictError(f"drawing {path}: unknown image suffix {suffix!r}; name it .png, .jpg or .jpeg")
+    return DRAW_FORMATS[suffix]
+
+
+def local_image_size(source: str, max_pixels: int) -> tuple[int, int]:
+    """(width, height) of a query image file, upright (its EXIF orientation applied), from its header only: an
+    error naming it when it is missing, a directory, over the pixel cap (ImageTooLarge) or no image."""
+    from vlbert_core.images import ImageTooLarge, open_image, upright_size
+
+    path = Path(source)
+    if not path.exists():
+        raise PredictError(f"image {source} does not exist")
+    if path.is_dir():
+        raise PredictError(f"image {source} is a directory, not an image file")
+    try:
+        with open_image(path, max_pixels=max_pixels, name=source) as image:
+            return upright_size(image)
+    except ImageTooLarge:
+        raise  # the one error of the pixel cap, everywhere; it names the image and the config key
+    except (ValueError, OSError) as err:
+        raise PredictError(f"image {source} cannot be read as an image: {type(err).__name__}: {err}") from None
+
+
+def check_boxes(query: Mapping[str, Any], index: int, size: tuple[int, int]) -> None:
+    """The boxes a query gives (RefCOCO+ `boxes`, VCR `objects`), in the upright image's pixels, must lie in it:
+    0 <= X1 < X2 <= width and 0 <= Y1 < Y2 <= height; else an error naming the box, the image and its size."""
+    width, height = size
+    boxes = [("box", box) for box in query.get("boxes") or ()]
+    boxes += [(f"object {obj.get('name')!r} box", obj.get("box")) for obj in query.get("objects") or ()
+              if isinstance(obj, Mapping)]
+    for what, box in boxes:
+        try:
+            x1, y1, x2, y2 = (float(v) for v in box)
+        except (TypeError, ValueError):
+            raise PredictError(f"query #{index}: {what} {box!r}: expected four numbers X1,Y1,X2,Y2") from None
+        if not (0 <= x1 < x2 <= width and 0 <= y1 < y2 <= height):
+            given = ",".join(f"{v:g}" for v in (x1, y1, x2, y2))
+            raise PredictError(f"query #{index}: {what} {given} is not inside image {query.get('image')} "
+                               f"({width} x {height} pixels; a box is X1,Y1,X2,Y2 with 0 <= X1 < X2 <= {width} "
+                               f"and 0 <= Y1 < Y2 <= {height}, in the pixels of the upright image)")
+
+
+def check_query_images(queries: Sequence[Mapping[str, Any]], max_pixels: int) -> None:
+    """Each query's image, before the model loads (the command line runs it): its URL scheme; a local file's
+    existence, kind and header (pixel cap, image format; ImageTooLarge / PredictError naming it), and the boxes
+    the query gives against its upright size. URLs are fetched by `Predictor.predict`."""
+    sizes: dict[str, tuple[int, int]] = {}
+    for index, query in enumerate(queries):
+        source = query.get("image") if isinstance(query, Mapping) else None
+        if not isinstance(source, str):
+            continue   # Predictor.predict names the query
+        if url_scheme(source):
+            continue
+        if source not in sizes:
+            sizes[source] = local_image_size(source, max_pixels)
+        check_boxes(query, index, sizes[source])
+
+
+def check_image_sizes(images: Sequence[str], max_pixels: int) -> None:
+    """The local images among `images`: existence, kind, the pixel cap and format from their headers
+    (`check_query_images` of queries with these images)."""
+    check_query_images([{"image": source} for source in images], max_pixels)
 
 
 class Predictor:
@@ -116,8 +187,8 @@ class Predictor:
         self._detector = None
         self._downloader = None
 
-        from vlbert_core.model import load_tokenizer
-        from vlbert_core.model.config import visual_pixel_format
+        from vlbert_core.models.common.bert_init import load_tokenizer
+        from vlbert_core.models.common.config import visual_pixel_format
         from vlbert_core.tasks.finetune import load_finetuned
         from vlbert_core.tasks.samples import ImageLoader, Tokens
 
@@ -146,23 +217,26 @@ class Predictor:
 
     def _open_image(self, source: str, workdir: Path, index: int):
         """(local path, decoded [3, H, W] uint8 image) of an image path or URL."""
-        from vlbert_core.data.downloader import HTTP_SCHEMES
         from vlbert_core.detector.images import decode_image
-        from vlbert_core.images import ImageTooLarge
+        from vlbert_core.images import ImageTooLarge, check_resizable
 
-        scheme = source.split("://", 1)[0].lower() if "://" in source else ""
-        if scheme in HTTP_SCHEMES or scheme == "file":
+        if url_scheme(source):
             path = self._fetch(source, workdir, index)
         else:
             path = Path(source)
+            if path.is_dir():
+                raise PredictError(f"image {source} is a directory, not an image file")
             if not path.is_file():
                 raise PredictError(f"image {source} does not exist")
         try:
-            return path, decode_image(path, max_pixels=self.max_image_pixels, name=source)
+            image = decode_image(path, max_pixels=self.max_image_pixels, name=source)
         except ImageTooLarge:
             raise  # the one error of the pixel cap, everywhere; it names the image and the config key
         except Exception as err:  # noqa: BLE001 - whatever the decoder says, the file is not an image we can read
             raise PredictError(f"image {source} cannot be read as an image: {type(err).__name__}: {err}") from None
+        check_resizable(source, int(image.shape[-1]), int(image.shape[-2]), int(self.meta["image_max_side"]),
+                        f"the model ({self.model_dir}, image_max_side)")
+        return path, image
 
     def _detector_model(self):
         if self._detector is None:
@@ -176,13 +250,17 @@ class Predictor:
             self._detector, _ = load_detector(self.detector_path, map_location=self.device)
         return self._detector
 
-    def _detect(self, image) -> Any:
-        """The RoIs of one decoded image, selected as rule extract_task_rois selects them."""
+    def _detect(self, image, source: str) -> Any:
+        """The RoIs of one decoded image (`source`: its name), selected as rule extract_task_rois selects them."""
         from vlbert_core.detector.extract import detect_rois, selection_kwargs
         from vlbert_core.detector.images import to_unit_float
         from vlbert_core.rois import STATUS_OK, RoIRecord
 
         model = self._detector_model()
+        from vlbert_core.images import check_resizable
+
+        check_resizable(source, int(image.shape[-1]), int(image.shape[-2]), int(model.transform.max_size),
+                        f"the detector ({self.detector_path}, max_size)")
         selected = detect_rois(model, [to_unit_float(image)], selection_kwargs(self.select))[0]
         num_classes = int(model.roi_heads.box_predictor.cls_score.out_features)
         return RoIRecord(key="", status=STATUS_OK, error="", image_w=int(image.shape[-1]),
@@ -215,6 +293,8 @@ class Predictor:
             raise PredictError(f"top_k must be at least 1, got {top_k}")
         if draw is not None and len(draw) != len(queries):
             raise PredictError(f"{len(draw)} drawing paths for {len(queries)} queries")
+        for out_path in draw or ():
+            draw_format(out_path)
         with tempfile.TemporaryDirectory(prefix="vlbert-predict-") as scratch:
             workdir = Path(scratch)
             resolved, rois, opened = [], {}, {}
@@ -226,8 +306,9 @@ class Predictor:
                     key = f"image{len(opened)}"
                     opened[source] = (key, *self._open_image(source, workdir, len(opened)))
                 key, path, image = opened[source]
+                check_boxes(query, index, (int(image.shape[-1]), int(image.shape[-2])))
                 if self.task.query_needs_rois(query) and key not in rois:
-                    rois[key] = self._detect(image)
+                    rois[key] = self._detect(image, source)
                 resolved.append({**query, "image_path": str(path.resolve()), "image_key": key,
                                  "image_w": int(image.shape[-1]), "image_h": int(image.shape[-2])})
             rois_source = f"detector {self.detector_path}"
@@ -240,6 +321,7 @@ class Predictor:
                                                         self.device, f"predict {self.task.name}"):
                 answers.extend(self.task.query_results(self.model, data, indices, out, extras, self.meta,
                                                        int(top_k)))
+            check_finite(answers, f"model {self.model_dir}")
             for query, answer, out_path in zip(resolved, answers, draw or ()):
                 if "box" not in answer:
                     raise PredictError(f"task {self.task.name} answers no box to draw")
@@ -249,13 +331,32 @@ class Predictor:
         return [{"image": q["image"], "text": q.get("text"), **a} for q, a in zip(queries, answers)]
 
 
+def check_finite(value: Any, who: str, where: str = "answer") -> None:
+    """A non-finite number (NaN, inf) anywhere in an answer is an error naming `who` (the model) and where it is:
+    strict JSON has no NaN, and a NaN score is no answer."""
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PredictError(f"{who} gave a non-finite number ({value}) as {where}: its weights or inputs hold NaN or "
+                           f"infinity; nothing was written")
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            check_finite(item, who, f"{where} {key}")
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            check_finite(item, who, f"{where}[{index}]" if where != "answer" else f"the answer of query #{index}")
+
+
 def draw_box(image: str | os.PathLike, box: Sequence[float], out: str | os.PathLike, *,
              label: str | None = None, max_pixels: int | None = None) -> Path:
-    """A PNG of the image with the box (x1, y1, x2, y2 in its pixels) drawn on it, written atomically;
-    an image over `max_pixels` (default DEFAULT_MAX_PIXELS) raises ImageTooLarge before it is decoded."""
+    """The image with the box (x1, y1, x2, y2 in its upright pixels) drawn on it, written atomically as the format
+    `out`'s suffix names (.png or none: PNG; .jpg / .jpeg: JPEG; another suffix is an error); an image over
+    `max_pixels` (default DEFAULT_MAX_PIXELS) raises ImageTooLarge before it is decoded."""
     from PIL import ImageDraw
 
     from vlbert_core.images import DEFAULT_MAX_PIXELS, load_rgb
+
+    image_format = draw_format(out)
 
     canvas = load_rgb(image, max_pixels=DEFAULT_MAX_PIXELS if max_pixels is None else max_pixels)
     draw = ImageDraw.Draw(canvas)
@@ -265,5 +366,5 @@ def draw_box(image: str | os.PathLike, box: Sequence[float], out: str | os.PathL
         draw.text((float(box[0]) + width + 1, float(box[1]) + width), label, fill=(255, 32, 32))
     out = Path(out)
     with atomic_path(out) as tmp:
-        canvas.save(tmp, format="PNG")
+        canvas.save(tmp, format=image_format, **({"quality": 95} if image_format == "JPEG" else {}))
     return out

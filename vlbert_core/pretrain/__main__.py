@@ -6,9 +6,10 @@
         --text-shards results/shards/text/*.tar --detector results/detector/model.pt \\
         --out results/pretrain/full
 
-The `model:` and `pretrain:` sections (and `seed`, `device`) come from the --config files, merged in
-order like Snakemake's --configfile; it writes what rule `pretrain` writes. Every process runs this same
-command: torchrun gives each its RANK / LOCAL_RANK / WORLD_SIZE.
+The `model:` and `pretrain:` sections and the run context (`seed`, `device`, `max_image_pixels`: every one
+required, --device overrides the device; vlbert_core/run_context.py) come from the --config files, merged in
+order like Snakemake's --configfile (rule pretrain writes them into launch_config.yaml); it writes what rule
+`pretrain` writes. Every process runs this same command: torchrun gives each its RANK / LOCAL_RANK / WORLD_SIZE.
 """
 
 from __future__ import annotations
@@ -17,20 +18,14 @@ import argparse
 import os
 from pathlib import Path
 
-from vlbert_core.utils import read_yaml, setup_compute, setup_logging
+from vlbert_core.config_schema import check_input_dir, check_input_file, merge, read_configs  # noqa: F401 (merge: re-exported)
+from vlbert_core.run_context import RunContext
+from vlbert_core.utils import setup_compute, setup_logging
 
 from .launch import RANK_LOG
 
 
-def merge(base: dict, override: dict) -> dict:
-    """Nested dicts merged key by key (override wins), as Snakemake merges --configfile over configfile."""
-    out = dict(base)
-    for key, value in override.items():
-        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m vlbert_core.pretrain", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--setting", required=True, help="Table 4 setting: none, a, b, c, d or full")
@@ -50,31 +45,90 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads per process (default: cores / processes on this node)")
     parser.add_argument("--log", type=Path, help="log file (default: <out>/pretrain.rank<RANK>.log)")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The flags' values, before anything is read, written or loaded (issue #56): a bad one is argparse's error
+    (exit 2). The --config files, then the input paths (`check_inputs`), follow in `main`."""
+    from .settings import SETTINGS
+
+    if args.setting not in SETTINGS:
+        parser.error(f"--setting {args.setting!r}: not a pre-training setting; expected one of {list(SETTINGS)}")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads {args.threads}: must be at least 1")
+    if args.device is not None and args.device not in ("cpu", "cuda"):
+        parser.error(f"--device {args.device!r}: expected cpu or cuda")
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """Every input path exists and is what it must be (a file, a model directory), and --out is no file: one line
+    naming it (exit 1), before anything is written. Pairing each CC shard with its RoI parquet, and what the files
+    hold, are the loop's checks."""
+    for shard in args.cc_shards:
+        check_input_file(shard, "--cc-shards")
+    for parquet in args.roi_parquets:
+        check_input_file(parquet, "--roi-parquets")
+    for shard in args.text_shards:
+        check_input_file(shard, "--text-shards")
+    if args.init_from is None:
+        check_input_file(args.detector, "--detector")   # with --init-from the detector is not read
+    else:
+        from vlbert_core.models.common.pretrained import CONFIG_FILE, MODEL_FILE
+
+        directory = check_input_dir(args.init_from, "--init-from")
+        for name in (CONFIG_FILE, MODEL_FILE):
+            if not (directory / name).is_file():
+                raise FileNotFoundError(f"--init-from {directory} has no {name}: a model directory holds "
+                                        f"{MODEL_FILE} and {CONFIG_FILE}")
+    if args.out.exists() and not args.out.is_dir():
+        raise NotADirectoryError(f"--out {args.out} is a file, not a directory")
+    if args.log is not None and args.log.is_dir():
+        raise IsADirectoryError(f"--log {args.log} is a directory, not a file")
+
+
+def check_device(device: str, where: str) -> None:
+    """A cuda device on a machine without one is an error saying how to run on the CPU."""
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"{where}: device cuda, but torch sees no CUDA device on this machine; run on the CPU "
+                               f"with --device cpu (or device: cpu in the config)")
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    config: dict = {}
-    for path in args.config:
-        if not path.is_file():
-            raise FileNotFoundError(f"--config {path} does not exist")
-        config = merge(config, read_yaml(path, "--config"))
-    for key in ("model", "pretrain", "seed"):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_arguments(parser, args)   # the flags' values (exit 2), then the input paths
+    config = read_configs(args.config)   # each file exists, gives no key twice and fits config/schema.yaml
+    files = f"the merged --config files {[str(p) for p in args.config]}"
+    for key in ("model", "pretrain"):
         if key not in config:
-            raise KeyError(f"the merged --config files {[str(p) for p in args.config]} have no '{key}'")
+            raise KeyError(f"{files} have no '{key}'")
+    run = RunContext.from_params({**config, **({"device": args.device} if args.device else {})}, source=files)
+    check_inputs(args)
+    check_device(run.device, "--device" if args.device else files)
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(args.log or args.out / RANK_LOG.format(rank=rank))
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     setup_compute(args.threads or max(1, (os.cpu_count() or 1) // local_processes))
+    from vlbert_core.models.common.config import ModelSettings
+
+    from .config import PretrainSettings
     from .loop import pretrain
 
     pretrain_cfg = {k: v for k, v in config["pretrain"].items() if k not in ("settings", "launch")}
     return pretrain(setting=args.setting, cc_shards=args.cc_shards, roi_parquets=args.roi_parquets,
-                    text_shards=args.text_shards, detector_path=args.detector, model_cfg=dict(config["model"]),
-                    pretrain_cfg=pretrain_cfg, out_dir=str(args.out), seed=int(config["seed"]),
-                    device=args.device or str(config.get("device", "cpu")), init_from=args.init_from,
-                    **({"max_image_pixels": int(config["max_image_pixels"])} if "max_image_pixels" in config else {}))
+                    text_shards=args.text_shards, detector_path=args.detector,
+                    model_cfg=ModelSettings.from_config(dict(config["model"])),
+                    pretrain_cfg=PretrainSettings.from_config(pretrain_cfg), out_dir=str(args.out), seed=run.seed,
+                    device=run.device,
+                    init_from=args.init_from, max_image_pixels=run.max_image_pixels)
 
 
 if __name__ == "__main__":

@@ -31,11 +31,11 @@ import torch
 import webdataset as wds
 
 from vlbert_core.damaged import read_shard_samples
-from vlbert_core.model import VLBertBatch, build_input_sequence, collate_samples, image_to_tensor
 from vlbert_core.detector.pixels import DEFAULT_PIXEL_FORMAT
 from vlbert_core.images import DEFAULT_MAX_PIXELS, load_rgb
-from vlbert_core.model.batch import fit_image
-from vlbert_core.model.inputs import IGNORE_INDEX, boxes_with_whole_image
+from vlbert_core.models.common.batch import ModelBatch, collate_samples, fit_image, image_to_tensor
+from vlbert_core.models.common.inputs import (IGNORE_INDEX, boxes_with_whole_image, build_input_sequence,
+                                             text_only_words)
 from vlbert_core.preemption import leave_quietly_on_stop_signals
 from vlbert_core.rois import RoIRecord, read_rois
 from vlbert_core.utils import get_logger
@@ -119,7 +119,7 @@ class StreamConfig:
     held_out_per_shard: int = 0  # first samples of every CC shard kept out of pre-training
     pixel_format: str = DEFAULT_PIXEL_FORMAT   # what the visual network's weights expect (detector/pixels.py)
     text_only_layout: str = "bert"  # how a <Text, ∅> sample is laid out (VLBertConfig.text_only_layout)
-    image_min_side: int | None = None  # the released SCALES[0] (model/batch.py fitted_size)
+    image_min_side: int | None = None  # the released SCALES[0] (models/common/batch.py fitted_size)
     max_image_pixels: int = DEFAULT_MAX_PIXELS  # the config's cap on an image's pixels (vlbert_core/images.py)
 
 
@@ -312,7 +312,7 @@ class CaptionImageStream:
             selected = masked = np.zeros(num_rois, dtype=bool)
         seq = build_input_sequence(masked_ids, None, num_rois, cls_id=self.tokenizer.cls_token_id,
                                    sep_id=self.tokenizer.sep_token_id, pad_id=self.tokenizer.pad_token_id)
-        mlm_labels = [IGNORE_INDEX] + labels + [IGNORE_INDEX] * (len(seq.input_ids) - len(labels) - 1)
+        mlm_labels = seq.word_labels(labels)
         return {
             "key": key, "sequence": seq, "mlm_labels": mlm_labels, "image": decoded["image"], "boxes": boxes,
             "roi_masked": torch.from_numpy(masked), "roi_selected": torch.from_numpy(selected),
@@ -351,10 +351,7 @@ class TextStream:
             self.skipped["empty_document"] += 1
             return []
         line_ids = self.tokenizer(lines, add_special_tokens=False)["input_ids"]
-        # "bert": [CLS] and [SEP] count in max_text_len; "released": the word pieces alone do (general_corpus.py
-        # cuts its ids to SEQ_LEN and [END] comes on top)
-        special = 2 if self.cfg.text_only_layout == "bert" else 0
-        return text_chunks(line_ids, self.cfg.max_text_len - special)
+        return text_chunks(line_ids, text_only_words(self.cfg.max_text_len, self.cfg.text_only_layout))
 
     def _start_epoch(self) -> None:
         self._iterator = _epoch_pipeline(self.shards, self.cfg.seed, self.cfg.stream, _SOURCE_TEXT, self.epoch)
@@ -392,17 +389,14 @@ class TextStream:
         seq = build_input_sequence(masked_ids, None, None, cls_id=self.tokenizer.cls_token_id,
                                    sep_id=self.tokenizer.sep_token_id, pad_id=self.tokenizer.pad_token_id,
                                    text_only_layout=self.cfg.text_only_layout)
-        before = 1 if self.cfg.text_only_layout == "bert" else 0   # [CLS]
-        mlm_labels = [IGNORE_INDEX] * before + labels
-        mlm_labels += [IGNORE_INDEX] * (len(seq.input_ids) - len(mlm_labels))
-        return {"sequence": seq, "mlm_labels": mlm_labels, "relationship": IGNORE_INDEX}
+        return {"sequence": seq, "mlm_labels": seq.word_labels(labels), "relationship": IGNORE_INDEX}
 
 
 # ---- batches -----------------------------------------------------------------------------------------
 
 @dataclass
 class PretrainBatch:
-    inputs: VLBertBatch
+    inputs: ModelBatch
     mlm_labels: torch.Tensor                  # Long [B, L], IGNORE_INDEX where there is no target
     roi_labels: torch.Tensor | None           # Float [B, R, C] detector class scores (soft targets)
     roi_selected: torch.Tensor | None         # Bool [B, R] RoIs with a classification target

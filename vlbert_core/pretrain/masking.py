@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vlbert_core.model.inputs import IGNORE_INDEX
+from vlbert_core.models.common.inputs import IGNORE_INDEX
 
 WORD_MASK_PROB = 0.15
 MASK_TOKEN_SHARE = 0.8    # of the chosen words: replaced by [MASK]

@@ -15,7 +15,7 @@ class PretrainSetting:
     relationship: bool     # sentence-image relationship prediction (mismatched pairs as negatives)
     text_corpus: bool      # <Text, ∅> samples from the text-only corpus, 1:1 with CC per mini-batch
     tune_frcnn: bool       # train stages 3-5 of the Fast R-CNN visual network
-    model_type: str = "vlbert"  # the model family it pre-trains (vlbert_core.model_registry)
+    model_type: str = "vlbert"  # the model family it pre-trains (vlbert_core.models.registry)
 
     @property
     def trains(self) -> bool:

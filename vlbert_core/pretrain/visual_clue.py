@@ -17,8 +17,8 @@ import math
 
 import torch
 
-from vlbert_core.model import build_input_sequence, collate_samples
-from vlbert_core.model.inputs import IGNORE_INDEX
+from vlbert_core.models.common.batch import collate_samples
+from vlbert_core.models.common.inputs import IGNORE_INDEX, build_input_sequence
 from vlbert_core.utils import get_logger
 
 from .masking import word_groups

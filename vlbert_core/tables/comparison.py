@@ -21,6 +21,7 @@ import struct
 from math import prod
 from pathlib import Path
 
+from vlbert_core.models.registry import family
 from vlbert_core.pretrain.settings import COMPARISON_PAIRS, get_setting
 from vlbert_core.stats import format_p_value, mean_std, paired_p_value
 from vlbert_core.tasks.registry import comparison_columns, task_of_eval
@@ -34,7 +35,6 @@ log = get_logger(__name__)
 
 COMPARISON_TABLE = "model_comparison"
 MIN_COMPARISON_SEEDS = 2  # a mean ± std needs two runs
-FAMILY_NAMES = {"vlbert": "VL-BERT", "vilbert": "ViLBERT"}
 
 
 def comparison_settings() -> list[str]:
@@ -125,10 +125,10 @@ def comparison_rows(results_dir: str | Path, seeds: list[int], default_seed: int
     spec = table_specs()[ABLATION_TABLE]
     rows = []
     for setting in comparison_settings():
-        family = get_setting(setting).model_type
+        model_type = get_setting(setting).model_type
         dirs = [pretrain_dir(results_dir, seed, default_seed, setting) for seed in seeds]
         seconds = [training_seconds(d / "metrics.jsonl") for d in dirs]
-        row = {"setting": setting, "family": FAMILY_NAMES[family], "pre_trained": get_setting(setting).trains,
+        row = {"setting": setting, "family": family(model_type).display_name, "pre_trained": get_setting(setting).trains,
                "parameters": count_parameters(dirs[0] / "model.safetensors"),
                "pretrain_train_s": round(sum(seconds) / len(seconds), 1), "seeds": " ".join(map(str, seeds))}
         for col in comparison_columns():

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vlbert_core.models.registry import family
 from vlbert_core.pretrain.settings import get_setting
 from vlbert_core.stats import mean_std
 from vlbert_core.utils import get_logger
 
 from .build import eval_json_path, read_eval, table_specs, write_csv_and_markdown, ABLATION_TABLE
-from .comparison import FAMILY_NAMES, check_comparison_seeds, comparison_settings, zero_shot_settings
+from .comparison import check_comparison_seeds, comparison_settings, zero_shot_settings
 from .seeds import seed_results_dir
 
 log = get_logger(__name__)
@@ -67,7 +68,7 @@ def retrieval_rows(results_dir: str | Path, seeds: list[int], default_seed: int)
     roots = [seed_results_dir(results_dir, seed, default_seed) for seed in seeds]
     rows = []
     for setting in comparison_settings():
-        row = {"setting": setting, "family": FAMILY_NAMES[get_setting(setting).model_type],
+        row = {"setting": setting, "family": family(get_setting(setting).model_type).display_name,
                "seeds": " ".join(map(str, seeds)),
                **_cells([eval_json_path(r, EVAL_TASK, setting, schedule, SPLIT) for r in roots], "finetuned")}
         if setting in zero_shot_settings():

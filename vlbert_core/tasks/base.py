@@ -127,7 +127,7 @@ class Task:
 
     def build_heads(self, spec, meta: Mapping[str, Any]) -> TaskHeads:
         """The modules on top of the model for this task, from the model's `HeadSpec` (its output widths and
-        conventions, vlbert_core/model_output.py) and the task meta. A head reads the model's `EncoderOutput`
+        conventions, vlbert_core/models/common/output.py) and the task meta. A head reads the model's `EncoderOutput`
         only, so the task serves every model family."""
         raise NotImplementedError
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from vlbert_core.images import DEFAULT_MAX_PIXELS, load_rgb
-from vlbert_core.model.batch import fit_image
+from vlbert_core.images import DEFAULT_MAX_PIXELS, check_resizable, load_rgb
+from vlbert_core.models.common.batch import fit_image
 from vlbert_core.utils import get_logger
 
 log = get_logger(__name__)
@@ -22,7 +22,8 @@ def load_task_image(path: str | os.PathLike, max_side: int, min_side: int | None
                     max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[Image.Image, tuple[float, float], tuple[int, int]]:
     """Open an image as RGB, resized as `model.batch.fit_image` says (`max_side`, and the released short side
     `min_side` if given). An image over `max_pixels` (the config's max_image_pixels) raises
-    `vlbert_core.images.ImageTooLarge` from its header, before it is decoded.
+    `vlbert_core.images.ImageTooLarge` from its header, before it is decoded; one whose shorter side the resize
+    would make 0 pixels raises `ImageTooThin`.
 
     Returns the image, the factors (x, y) applied to it and the original (width, height); boxes given in
     original pixels must be multiplied by the same factors (`scale_boxes`).
@@ -32,6 +33,7 @@ def load_task_image(path: str | os.PathLike, max_side: int, min_side: int | None
         raise FileNotFoundError(f"task image {path} does not exist")
     img = load_rgb(path, max_pixels=max_pixels)  # ImageTooLarge / ImageUnreadable name the file
     original = img.size
+    check_resizable(str(path), *original, int(max_side), "the model's image_max_side")
     img, scale = fit_image(img, int(max_side), None if min_side is None else int(min_side))
     return img, scale, original
 

@@ -18,8 +18,8 @@ import torch
 from vlbert_core.progress import Progress
 
 from vlbert_core.images import DEFAULT_MAX_PIXELS
-from vlbert_core.model import load_tokenizer
-from vlbert_core.model.config import visual_pixel_format
+from vlbert_core.models.common.bert_init import load_tokenizer
+from vlbert_core.models.common.config import ModelSettings, visual_pixel_format
 from vlbert_core.utils import atomic_path, get_logger, seed_everything
 
 from .finetune import FinetuneModel, load_finetuned, read_task_rois
@@ -46,7 +46,7 @@ def _write_json(path: Path, payload: Any) -> None:
 
 
 def predict_splits(model_dir: str | os.PathLike, targets: list[tuple[str, str]], *,
-                   sources: Mapping[str, str], model_cfg: Mapping[str, Any],
+                   sources: Mapping[str, str], model_cfg: ModelSettings | Mapping[str, Any],
                    rois_paths: list[str] | tuple = (), seed: int = 0, device: str = "cpu",
                    max_image_pixels: int = DEFAULT_MAX_PIXELS) -> dict:
     """Predictions of the fine-tuned model on every (eval task, split) target; `max_image_pixels` (the config's
@@ -67,15 +67,16 @@ def predict_splits(model_dir: str | os.PathLike, targets: list[tuple[str, str]],
             raise ValueError(f"eval task {eval_task} needs a {owner.name} "
                              f"model; {model_dir} was fine-tuned on {meta['name']}")
     tokens = Tokens(load_tokenizer(model.encoder.config.bert_path))
-    images = ImageLoader.from_settings(model_cfg, visual_pixel_format(model.encoder.config),
-                                       max_pixels=max_image_pixels)
+    sizes = ModelSettings.of(model_cfg)
+    images = ImageLoader(sizes.image_max_side, pixel_format=visual_pixel_format(model.encoder.config),
+                         min_side=sizes.image_min_side, max_pixels=max_image_pixels)
     rois, rois_source = read_task_rois(list(rois_paths))
     batch_size = int(meta["batch_size"])
     task = model.task
     bundle = {}
     for eval_task, split in targets:
         data = task.build_data(split, meta, sources=sources, tokens=tokens, images=images,
-                               max_rois=int(model_cfg["max_rois"]), max_text_len=int(meta["max_text_len"]),
+                               max_rois=sizes.max_rois, max_text_len=int(meta["max_text_len"]),
                                rois=rois, rois_source=rois_source, eval_task=eval_task)
         if len(data) == 0:
             raise ValueError(f"{eval_task} split {split}: no examples to predict")

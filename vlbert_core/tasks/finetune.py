@@ -1,6 +1,6 @@
 """Fine-tuning: one training loop for VCR (Q->A, QA->R), VQA and RefCOCO+.
 
-The loop (`finetune`) loads the pre-trained model (vlbert_core.model_registry), adds the task head, trains for
+The loop (`finetune`) loads the pre-trained model (vlbert_core.models.registry), adds the task head, trains for
 `epochs x schedule_factor` passes over the training split with the configured optimiser
 (AdamW, or SGD with momentum), linear warm-up then linear decay (AdamW) or step decay (SGD),
 gradient clipping, and writes into the fine-tune directory:
@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -29,52 +28,35 @@ from typing import Any, Mapping
 
 import torch
 from torch import nn
-from vlbert_core.progress import Progress
 
 from vlbert_core.images import DEFAULT_MAX_PIXELS
-from vlbert_core.model import load_tokenizer
-from vlbert_core.model.config import visual_pixel_format
-from vlbert_core.model_output import EncoderOutput
-from vlbert_core.model_registry import (CONFIG_FILE, MODEL_FILE, build_model, from_pretrained, load_state_exactly,
-                                        split_model_type)
+from vlbert_core.models.common.bert_init import load_tokenizer
+from vlbert_core.models.common.config import ModelSettings, visual_pixel_format
+from vlbert_core.models.common.output import EncoderOutput
+from vlbert_core.models.common.pretrained import CONFIG_FILE, MODEL_FILE, load_state_exactly
+from vlbert_core.models.registry import build_model, from_pretrained, split_model_type
 from vlbert_core.optim import (OptimizerSettings, build_optimizer, build_scheduler, warmup_linear_decay,
                                warmup_step_decay)
-from vlbert_core.preemption import StopSignals
-from vlbert_core.resume import (load_resume_checkpoint, remove_resume_checkpoints, rng_state, run_fingerprint,
-                                save_resume_checkpoint, set_rng_state)
-from vlbert_core.tensorboard_log import TrainingEvents
+from vlbert_core.resume import remove_resume_checkpoints, run_fingerprint
+from vlbert_core.training import CHECKPOINT_FILE, TrainingRun
 from vlbert_core.utils import atomic_path, get_logger, load_safetensors, save_safetensors, seed_everything
 
 from . import modeling  # noqa: F401  (the tasks' samples and heads: see tasks.base.model_side)
 from .base import Task
 from .registry import get_task
 from .samples import ImageLoader, Tokens
+from .settings import FinetuneSettings
 
 log = get_logger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
-CHECKPOINT_FILE = "checkpoint.pt"
 CHECKPOINT_FORMAT = 2  # 2: the pre-trained model under `encoder.` (was `vlbert.`)
 # A fine-tuned model directory written before model families: its config.json holds the VL-BERT config under
 # this key and its weights are prefixed with it.
 LEGACY_ENCODER_KEY = "vlbert"
-# Defaults of the optional hyper-parameters; config/schema.yaml fills the same values.
-HPARAM_DEFAULTS = {"momentum": 0.9, "lr_steps": [], "warmup_steps": 0, "clip_grad": 1.0,
-                   "weight_decay": 0.0001, "aux_roi_loss_weight": 0.5, "max_text_len": 64,
-                   "max_examples": None, "checkpoint_every": 1000}
-REQUIRED_HPARAMS = ("epochs", "batch_size", "lr", "optimizer")
-
-
 def resolve_hparams(task: str, hparams: Mapping[str, Any]) -> dict:
-    required = (*REQUIRED_HPARAMS, *get_task(task).required_hparams)
-    missing = [k for k in required if k not in hparams]
-    if missing:
-        raise KeyError(f"finetune.{task} lacks keys {missing}")
-    resolved = {**HPARAM_DEFAULTS, **dict(hparams)}
-    if resolved["optimizer"] not in ("adamw", "sgd"):
-        raise ValueError(f"finetune.{task}.optimizer must be 'adamw' or 'sgd', got "
-                         f"{resolved['optimizer']!r}")
-    return resolved
+    """Task `task`'s section with the defaults filled in (FinetuneSettings.hparams), checked."""
+    return FinetuneSettings.for_task(task, hparams).hparams
 
 
 # ---- the model: a pre-trained encoder + task head --------------------------------------------------
@@ -169,7 +151,7 @@ class FrozenRoIFeatureCache:
 
 
 class FinetuneModel(nn.Module):
-    """A pre-trained model (`encoder`, of a registered family: vlbert_core.model_registry) with the head(s) of one
+    """A pre-trained model (`encoder`, of a registered family: vlbert_core.models.registry) with the head(s) of one
     task; `loss` for training, `scores` for prediction."""
 
     def __init__(self, task: str, encoder: nn.Module, meta: Mapping[str, Any]):
@@ -216,31 +198,29 @@ def read_task_rois(paths: list[str | os.PathLike]) -> tuple[dict, str]:
 
 # ---- optimisation --------------------------------------------------------------------------------
 
-def optimizer_settings(hp: Mapping[str, Any]) -> OptimizerSettings:
-    """Weight decay on weight matrices only; the fused kernels update the 30k x hidden word embeddings
-    ~10x faster on CPU."""
-    return OptimizerSettings(hp["optimizer"], lr=float(hp["lr"]), weight_decay=float(hp["weight_decay"]),
-                             momentum=float(hp["momentum"]), fused=True)
+def optimizer_settings(hp: FinetuneSettings | Mapping[str, Any]) -> OptimizerSettings:
+    """The optimiser of a task's settings (or of its resolved section: resolve_hparams)."""
+    return (hp if isinstance(hp, FinetuneSettings) else FinetuneSettings.from_config(hp, "finetune")).optimizer_settings()
 
 
-def lr_schedule(hp: Mapping[str, Any], plan: Mapping[str, Any]) -> Callable[[int], float]:
+def lr_schedule(hp: FinetuneSettings, plan: Mapping[str, Any]) -> Callable[[int], float]:
     """The lr multiplier of each step: linear warm-up, then linear decay to 0 (adamw) or x0.1 at each
     of the plan's decay steps (sgd)."""
-    if hp["optimizer"] == "sgd":
+    if hp.optimizer == "sgd":
         return lambda s: warmup_step_decay(s, plan["warmup_steps"], plan["decay_steps"])
     return lambda s: warmup_linear_decay(s, plan["total_steps"], plan["warmup_steps"])
 
 
-def schedule_steps(num_examples: int, hp: Mapping[str, Any], schedule_factor: float) -> dict:
+def schedule_steps(num_examples: int, hp: FinetuneSettings, schedule_factor: float) -> dict:
     """Total steps, warm-up steps and SGD decay steps for epochs x schedule_factor passes."""
     if num_examples < 1:
         raise ValueError("no training examples")
-    steps_per_epoch = math.ceil(num_examples / int(hp["batch_size"]))
-    epochs = float(hp["epochs"]) * float(schedule_factor)
+    steps_per_epoch = math.ceil(num_examples / hp.batch_size)
+    epochs = hp.epochs * float(schedule_factor)
     total = max(1, math.ceil(epochs * steps_per_epoch))
     return {"epochs": epochs, "steps_per_epoch": steps_per_epoch, "total_steps": total,
-            "warmup_steps": min(int(hp["warmup_steps"]), total),
-            "decay_steps": [round(float(e) * schedule_factor * steps_per_epoch) for e in hp["lr_steps"]]}
+            "warmup_steps": min(hp.warmup_steps, total),
+            "decay_steps": [round(e * schedule_factor * steps_per_epoch) for e in hp.lr_steps]}
 
 
 class EpochBatches:
@@ -296,12 +276,14 @@ def _fingerprint(task: str, pretrained_dir: Path, rois_paths: list, **settings: 
 # ---- the loop ------------------------------------------------------------------------------------
 
 def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
-             setting: str, schedule: str, schedule_factor: float, hparams: Mapping[str, Any],
-             tune_frcnn: bool, model_cfg: Mapping[str, Any], sources: Mapping[str, str],
+             setting: str, schedule: str, schedule_factor: float, hparams: FinetuneSettings | Mapping[str, Any],
+             tune_frcnn: bool, model_cfg: ModelSettings | Mapping[str, Any], sources: Mapping[str, str],
              rois_paths: list[str] | tuple = (), seed: int = 0, device: str = "cpu",
              sentence_readout: str = "cls", stop_after_step: int | None = None,
              max_image_pixels: int = DEFAULT_MAX_PIXELS) -> dict:
-    """Fine-tune the pre-trained model in `pretrained_dir` on `task`; returns the task meta.
+    """Fine-tune the pre-trained model in `pretrained_dir` on `task`; returns the task meta. `hparams` /
+    `model_cfg`: the config's `finetune.<task>:` and `model:` sections, typed (FinetuneSettings, ModelSettings; a
+    mapping is read into them).
 
     `max_image_pixels` (the config's top-level key) caps the task images: a larger one fails the job with
     `vlbert_core.images.ImageTooLarge` naming it, read from its header before it is decoded.
@@ -309,17 +291,83 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
     `stop_after_step` ends the run right after that step's checkpoint without writing the outputs, as an
     interruption would (used to test resuming)."""
     task_def = get_task(task)
-    hp = resolve_hparams(task, hparams)
+    hp, model_settings = FinetuneSettings.for_task(task, hparams), ModelSettings.of(model_cfg)
     out_dir = Path(out_dir)
     seed_everything(seed)
+    encoder = load_encoder(pretrained_dir, tune_frcnn, model_settings.task_heads, sentence_readout)
+    config = encoder.config
+    readout = getattr(config, "sentence_readout", "pooled")
+
+    tokens = Tokens(load_tokenizer(config.bert_path))
+    images = ImageLoader(model_settings.image_max_side, pixel_format=visual_pixel_format(config),
+                         min_side=model_settings.image_min_side, max_pixels=max_image_pixels)
+    rois, rois_source = read_task_rois(list(rois_paths))
+    max_rois, max_text_len = model_settings.max_rois, hp.max_text_len
+    meta: dict[str, Any] = {"name": task, "setting": setting, "schedule": schedule,
+                            "schedule_factor": float(schedule_factor), "seed": int(seed),
+                            "pretrained": str(pretrained_dir), "tune_frcnn": bool(tune_frcnn),
+                            "sentence_readout": readout,
+                            "max_rois": max_rois, "image_max_side": model_settings.image_max_side,
+                            "image_min_side": images.min_side,
+                            "instance_mask_size": encoder.visual_network.stage5_size(),
+                            "max_text_len": max_text_len, "batch_size": hp.batch_size,
+                            "mask_id": tokens.mask_id}
+    common = dict(sources=sources, tokens=tokens, images=images, max_rois=max_rois,
+                  max_text_len=max_text_len, rois=rois, rois_source=rois_source,
+                  max_examples=hp.max_examples)
+    task_def.prepare(meta, hp.hparams, sources)
+    data = task_def.build_data(task_def.train_split, meta, **common)
+
+    model = FinetuneModel(task, encoder, meta).to(device)
+    model.train()
+    optimizer = build_optimizer(model, hp.optimizer_settings())
+    plan = schedule_steps(len(data), hp, schedule_factor)
+    scheduler = build_scheduler(optimizer, lr_schedule(hp, plan))
+    meta.update(num_train_examples=len(data), **plan)
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log.info("fine-tuning %s (setting %s, schedule %s x%.2f): %d examples, %d steps of %d, "
+             "%.2f epochs, %s, tune_frcnn=%s, sentence readout %s, %.1fM trainable parameters", task, setting,
+             schedule, schedule_factor, len(data), plan["total_steps"], hp.batch_size, plan["epochs"],
+             hp.optimizer, tune_frcnn, readout, n_trainable / 1e6)
+
+    fingerprint = _fingerprint(task, Path(pretrained_dir), list(rois_paths), setting=setting, schedule=schedule,
+                               schedule_factor=float(schedule_factor), tune_frcnn=bool(tune_frcnn), seed=int(seed),
+                               sentence_readout=readout, hparams=hp.to_fingerprint(),
+                               model=model_settings.to_fingerprint(), sources=dict(sources))
+    batches = EpochBatches(data, hp.batch_size, seed)
+    dev = torch.device(device)
+    run = TrainingRun(out_dir, f"finetune {task}/{setting}/{schedule}", fingerprint=fingerprint,
+                      checkpoint_format=CHECKPOINT_FORMAT, total_steps=plan["total_steps"],
+                      checkpoint_every=hp.checkpoint_every, kind="a fine-tuning checkpoint",
+                      parts={"model": model, "optimizer": optimizer, "scheduler": scheduler}, data=batches,
+                      device=dev, timed=True)
+    run.resume()
+    if run.train(finetuning_step(model, batches, optimizer, scheduler, hp.clip_grad, run, dev, task), stop_after_step):
+        return {**meta, "stopped": True, "resumed_from": run.resumed_from}
+    run.close()
+    meta["train_seconds"] = round(run.elapsed(), 2)
+    if model.feature_cache is not None:
+        log.info("frozen RoI features: computed for %d images, reused for %d rows",
+                 model.feature_cache.misses, model.feature_cache.hits)
+    task_def.log_training_data(data, meta)
+    save_finetuned(model, meta, out_dir)
+    with atomic_path(out_dir / METRICS_FILE) as tmp:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in run.metrics))
+    remove_resume_checkpoints(run.checkpoint_path)  # the job's outputs are complete: a rerun starts afresh
+    log.info("fine-tuned %s in %.1f s -> %s", task, meta["train_seconds"], out_dir)
+    return meta
+
+
+def load_encoder(pretrained_dir: str | os.PathLike, tune_frcnn: bool, task_heads: str | None,
+                 sentence_readout: str) -> nn.Module:
+    """The pre-trained model of `pretrained_dir`, rebuilt with the fine-tuning choices: tune_frcnn (so the visual
+    network (un)freezes itself), the task heads' layout (model.task_heads) when the config names one, and what the
+    task's sentence-level head reads (finetune.sentence_readout)."""
     pretrained = from_pretrained(pretrained_dir)
-    # tune_frcnn is a fine-tuning choice: rebuild with it so the visual network (un)freezes itself
-    # so are the task heads' layout (model.task_heads) when the config names one
-    # and what the task's sentence-level head reads (finetune.sentence_readout)
     fields = pretrained.config.to_dict()
-    overrides = {"tune_frcnn": bool(tune_frcnn)}
-    if model_cfg.get("task_heads") is not None:
-        overrides["task_heads"] = str(model_cfg["task_heads"])
+    overrides: dict[str, Any] = {"tune_frcnn": bool(tune_frcnn)}
+    if task_heads is not None:
+        overrides["task_heads"] = task_heads
     if "sentence_readout" in fields:
         overrides["sentence_readout"] = str(sentence_readout)
     elif sentence_readout != "cls":
@@ -327,128 +375,33 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
                          f"{pretrained_dir} has one sentence vector of its own (its pooled output); the readout "
                          "choice applies to VL-BERT only")
     config = pretrained.config_class.from_dict({**fields, **overrides})
-    readout = getattr(config, "sentence_readout", "pooled")
     encoder = type(pretrained)(config)
     encoder.load_state_dict(pretrained.state_dict())
-    del pretrained
+    return encoder
 
-    tokens = Tokens(load_tokenizer(config.bert_path))
-    images = ImageLoader.from_settings(model_cfg, visual_pixel_format(config), max_pixels=max_image_pixels)
-    rois, rois_source = read_task_rois(list(rois_paths))
-    max_rois, max_text_len = int(model_cfg["max_rois"]), int(hp["max_text_len"])
-    meta: dict[str, Any] = {"name": task, "setting": setting, "schedule": schedule,
-                            "schedule_factor": float(schedule_factor), "seed": int(seed),
-                            "pretrained": str(pretrained_dir), "tune_frcnn": bool(tune_frcnn),
-                            "sentence_readout": readout,
-                            "max_rois": max_rois, "image_max_side": int(model_cfg["image_max_side"]),
-                            "image_min_side": images.min_side,
-                            "instance_mask_size": encoder.visual_network.stage5_size(),
-                            "max_text_len": max_text_len, "batch_size": int(hp["batch_size"]),
-                            "mask_id": tokens.mask_id}
-    common = dict(sources=sources, tokens=tokens, images=images, max_rois=max_rois,
-                  max_text_len=max_text_len, rois=rois, rois_source=rois_source,
-                  max_examples=hp["max_examples"])
-    task_def.prepare(meta, hp, sources)
-    data = task_def.build_data(task_def.train_split, meta, **common)
 
-    model = FinetuneModel(task, encoder, meta).to(device)
-    model.train()
-    optimizer = build_optimizer(model, optimizer_settings(hp))
-    plan = schedule_steps(len(data), hp, schedule_factor)
-    scheduler = build_scheduler(optimizer, lr_schedule(hp, plan))
-    meta.update(num_train_examples=len(data), **plan)
-    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    log.info("fine-tuning %s (setting %s, schedule %s x%.2f): %d examples, %d steps of %d, "
-             "%.2f epochs, %s, tune_frcnn=%s, sentence readout %s, %.1fM trainable parameters", task, setting,
-             schedule, schedule_factor, len(data), plan["total_steps"], hp["batch_size"], plan["epochs"],
-             hp["optimizer"], tune_frcnn, readout, n_trainable / 1e6)
+def finetuning_step(model: FinetuneModel, batches: EpochBatches, optimizer, scheduler, clip_grad: float,
+                    run: TrainingRun, device: torch.device, task: str) -> Callable[[int], dict]:
+    """The step function of the run (training.TrainingRun.train): one optimiser step on the next batch, its row."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
 
-    fingerprint = _fingerprint(task, Path(pretrained_dir), list(rois_paths), setting=setting, schedule=schedule,
-                               schedule_factor=float(schedule_factor), tune_frcnn=bool(tune_frcnn), seed=int(seed),
-                               sentence_readout=readout,
-                               hparams={k: v for k, v in hp.items() if k != "checkpoint_every"},
-                               model=dict(model_cfg), sources=dict(sources))
-    batches = EpochBatches(data, int(hp["batch_size"]), seed)
-    dev = torch.device(device)
-    step, records, seconds_before, resumed_from = 0, [], 0.0, None
-    ckpt_path = out_dir / CHECKPOINT_FILE
-    found, ckpt = load_resume_checkpoint(ckpt_path, "a fine-tuning checkpoint")
-    if ckpt is not None:
-        if ckpt.get("format") == CHECKPOINT_FORMAT and ckpt.get("fingerprint") == fingerprint:
-            model.load_state_dict(ckpt["model"])
-            optimizer.load_state_dict(ckpt["optimizer"])
-            scheduler.load_state_dict(ckpt["scheduler"])
-            batches.load_state(ckpt["data"])
-            set_rng_state(ckpt["rng"], dev)
-            step, records, seconds_before = int(ckpt["step"]), list(ckpt["metrics"]), float(ckpt["train_seconds"])
-            resumed_from = step
-            log.info("resumed from %s at step %d", found, step)
-        else:
-            log.warning("%s belongs to another configuration or input; starting from scratch", found)
+    def train_step(step: int) -> dict:
+        epoch, batch, extras = next(batches)
+        batch = batch.to(device)
+        extras = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in extras.items()}
+        lr = scheduler.get_last_lr()[0]
+        loss, stats = model.loss(batch, extras)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"fine-tuning {task}: loss is {float(loss)} at step {step}")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(trainable, clip_grad)
+        optimizer.step()
+        scheduler.step()
+        return {"step": step, "epoch": epoch, "loss": loss.item(), "lr": lr, "grad_norm": float(grad_norm), **stats,
+                "elapsed_s": round(run.elapsed(), 3)}
 
-    def save_checkpoint() -> None:
-        save_resume_checkpoint({"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "step": step,
-                                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                "scheduler": scheduler.state_dict(), "data": batches.state(), "rng": rng_state(dev),
-                                "metrics": records, "train_seconds": seconds_before + time.perf_counter() - start},
-                               ckpt_path)
-
-    events = TrainingEvents(out_dir, resume_step=resumed_from)
-    if records:
-        events.write(records[-1])  # purged with the steps trained again after the checkpoint
-    start = time.perf_counter()
-    checkpoint_every = int(hp["checkpoint_every"])
-    progress = Progress(total=plan["total_steps"], initial=step, desc=f"finetune {task}/{setting}/{schedule}",
-                    mininterval=5.0)
-    with StopSignals() as stop:
-        while step < plan["total_steps"]:
-            epoch, batch, extras = next(batches)
-            batch = batch.to(device)
-            extras = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in extras.items()}
-            lr = scheduler.get_last_lr()[0]
-            loss, stats = model.loss(batch, extras)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"fine-tuning {task}: loss is {float(loss)} at step {step}")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = nn.utils.clip_grad_norm_(
-                [p for p in model.parameters() if p.requires_grad], float(hp["clip_grad"]))
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            row = {"step": step, "epoch": epoch, "loss": loss.item(), "lr": lr,
-                   "grad_norm": float(grad_norm), **stats,
-                   "elapsed_s": round(seconds_before + time.perf_counter() - start, 3)}
-            records.append(row)
-            events.write(row)
-            progress.update(1)
-            progress.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
-            if step == 1 or step % max(1, plan["total_steps"] // 10) == 0:
-                log.info("step %d/%d loss %.4f lr %.3g %s", step, plan["total_steps"],
-                         loss.item(), lr, {k: round(v, 4) for k, v in stats.items()})
-            why_stop = stop.after_step(step, plan["total_steps"], stop_after_step)
-            if (step % checkpoint_every == 0 and step < plan["total_steps"]) or why_stop:
-                save_checkpoint()
-            if why_stop:
-                progress.close()
-                events.close()
-                if why_stop == "signal":  # SIGTERM: SLURM preempts or hits the time limit
-                    raise stop.stop(f"finetune {task}/{setting}/{schedule}", step, str(ckpt_path))
-                log.info("stopping after step %d as asked (checkpoint written)", step)
-                return {**meta, "stopped": True, "resumed_from": resumed_from}
-    progress.close()
-    events.close()
-    meta["train_seconds"] = round(seconds_before + time.perf_counter() - start, 2)
-    if model.feature_cache is not None:
-        log.info("frozen RoI features: computed for %d images, reused for %d rows",
-                 model.feature_cache.misses, model.feature_cache.hits)
-    task_def.log_training_data(data, meta)
-    save_finetuned(model, meta, out_dir)
-    with atomic_path(out_dir / METRICS_FILE) as tmp:
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    remove_resume_checkpoints(ckpt_path)  # the job's outputs are complete: a rerun starts afresh
-    log.info("fine-tuned %s in %.1f s -> %s", task, meta["train_seconds"], out_dir)
-    return meta
+    return train_step
 
 
 def save_finetuned(model: FinetuneModel, meta: Mapping[str, Any], out_dir: str | os.PathLike) -> None:

@@ -1,7 +1,7 @@
 """What every task's samples share: image loading, tokens, truncation, batching.
 
 Each task's data class (in `tasks/modeling/<task>.py`) turns loaded records into sample dicts
-(`sample(i)`) and pads a list of them into a `VLBertBatch` plus the task's targets
+(`sample(i)`) and pads a list of them into a `ModelBatch` plus the task's targets
 (`collate(samples)`). Images are resized as `model.image_max_side` (and `model.image_min_side`) say, and
 the boxes are scaled by the same factors. Box 0 of every sample is the whole image.
 """
@@ -18,12 +18,8 @@ import torch
 
 from vlbert_core.detector.pixels import DEFAULT_PIXEL_FORMAT
 from vlbert_core.images import DEFAULT_MAX_PIXELS, checked_max_pixels
-from vlbert_core.model.batch import image_to_tensor
-from vlbert_core.model.inputs import (
-    InputSequence,
-    boxes_with_whole_image,
-    build_input_sequence,
-)
+from vlbert_core.models.common.batch import image_to_tensor
+from vlbert_core.models.common.inputs import InputSequence, boxes_with_whole_image, build_input_sequence
 from vlbert_core.utils import get_logger
 
 from .common import load_task_image, scale_boxes

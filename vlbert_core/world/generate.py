@@ -10,11 +10,13 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from vlbert_core.progress import Progress
 
+from ..typed_settings import read_fields
 from ..utils import get_logger
 from . import formats
 from .flickr import write_flickr30k
@@ -55,6 +57,31 @@ OPTIONAL_DEFAULTS = {
     "vqa_disagreement": 0.3,
     "vcr_images_per_movie": 20,
 }
+
+
+@dataclass(frozen=True)
+class WorldSettings:
+    """The config's `world:` section, typed (the optional keys filled from OPTIONAL_DEFAULTS)."""
+
+    image_size: int
+    cc_images: dict
+    broken_link_fraction: float
+    books_sentences: int
+    wiki_pages: int
+    vqa_images: dict
+    vqa_questions_per_image: int
+    vcr_images: dict
+    vcr_questions_per_image: int
+    refcoco_images: dict
+    detector_images: dict
+    objects_per_scene: tuple[int, int]
+    jpeg_quality: int
+    refcoco_refs_per_image: int
+    vqa_disagreement: float
+    vcr_images_per_movie: int
+    flickr_images: dict | None = None
+
+
 REQUIRED_SOURCES = {
     "books": None, "wiki": None,
     "vqa": ("questions", "annotations", "images"),
@@ -87,7 +114,7 @@ def py_rng(seed: int, *purpose) -> random.Random:
 
 # ---------------------------------------------------------------- config checks
 
-def _check_config(cfg: dict, sources: dict) -> dict:
+def _check_config(cfg: dict, sources: dict) -> WorldSettings:
     missing = [k for k in REQUIRED_KEYS if k not in cfg]
     if missing:
         raise KeyError(f"config world: missing key(s) {missing}")
@@ -100,11 +127,12 @@ def _check_config(cfg: dict, sources: dict) -> dict:
                 "refcoco_refs_per_image", "vcr_images_per_movie"):
         if not isinstance(cfg[key], int) or cfg[key] < 1:
             raise ValueError(f"config world.{key}: expected an integer >= 1, got {cfg[key]!r}")
-    if not 0.0 <= float(cfg["broken_link_fraction"]) < 1.0:
+    settings = WorldSettings(**read_fields(WorldSettings, cfg, "world"))
+    if not 0.0 <= settings.broken_link_fraction < 1.0:
         raise ValueError(f"config world.broken_link_fraction: expected 0 <= f < 1, got {cfg['broken_link_fraction']!r}")
-    if not 0.0 <= float(cfg["vqa_disagreement"]) <= 1.0:
+    if not 0.0 <= settings.vqa_disagreement <= 1.0:
         raise ValueError(f"config world.vqa_disagreement: expected 0 <= p <= 1, got {cfg['vqa_disagreement']!r}")
-    lo, hi = cfg["objects_per_scene"]
+    lo, hi = settings.objects_per_scene
     if not 2 <= lo <= hi:
         raise ValueError(f"config world.objects_per_scene: expected [lo, hi] with 2 <= lo <= hi, got {[lo, hi]}")
     unknown = set(cfg["refcoco_images"]) - {"train", "val", "testA", "testB"}
@@ -125,20 +153,20 @@ def _check_config(cfg: dict, sources: dict) -> dict:
                       ("detector", "annotations")):
         if "{split}" not in sources[name][key]:
             raise ValueError(f"config sources.{name}.{key}: {sources[name][key]!r} needs a {{split}} placeholder")
-    return cfg
+    return settings
 
 
 # ---------------------------------------------------------------- the generator
 
 class _World:
-    def __init__(self, cfg: dict, sources: dict, out_root: Path, seed: int):
+    def __init__(self, cfg: WorldSettings, sources: dict, out_root: Path, seed: int):
         self.cfg = cfg
         self.sources = sources
         self.out_root = out_root
         self.seed = seed
-        self.size = int(cfg["image_size"])
-        self.quality = int(cfg["jpeg_quality"])
-        self.num_objects = tuple(cfg["objects_per_scene"])
+        self.size = cfg.image_size
+        self.quality = cfg.jpeg_quality
+        self.num_objects = cfg.objects_per_scene
         self.stats = WorldStats()
         self.counts: dict = {}
         # VQA and RefCOCO+ images share the COCO id space (train2014 holds both), so one counter.
@@ -156,9 +184,9 @@ class _World:
 
     # -- Conceptual Captions
     def cc(self) -> None:
-        frac = float(self.cfg["broken_link_fraction"])
+        frac = self.cfg.broken_link_fraction
         self.counts["cc"] = {}
-        for split, n in self.cfg["cc_images"].items():
+        for split, n in self.cfg.cc_images.items():
             tsv = self.path(self.sources["cc"][split])
             image_dir = self.path(str(cc_image_dir(self.sources["cc"][split], split)))
             broken = set(py_rng(self.seed, "cc", split, "broken").sample(range(n), round(n * frac)))
@@ -180,7 +208,7 @@ class _World:
 
     # -- BooksCorpus
     def books(self) -> None:
-        n = int(self.cfg["books_sentences"])
+        n = self.cfg.books_sentences
         lines = []
         for i in Progress(range(n), desc="books", unit="sent", mininterval=2.0, leave=False):
             scene = self.scene("books", i)
@@ -192,7 +220,7 @@ class _World:
 
     # -- Wikipedia
     def wiki(self) -> None:
-        n = int(self.cfg["wiki_pages"])
+        n = self.cfg.wiki_pages
         topics = wiki_topics()[:n]
         topics += [("scene", k + 1) for k in range(n - len(topics))]
         pages: list[formats.WikiPage] = []
@@ -215,10 +243,10 @@ class _World:
 
     # -- VQA v2
     def vqa(self) -> None:
-        k = int(self.cfg["vqa_questions_per_image"])
-        disagreement = float(self.cfg["vqa_disagreement"])
+        k = self.cfg.vqa_questions_per_image
+        disagreement = self.cfg.vqa_disagreement
         self.counts["vqa"] = {}
-        for split, n in self.cfg["vqa_images"].items():
+        for split, n in self.cfg.vqa_images.items():
             image_dir = self.path(self.sources["vqa"]["images"], split=split)
             subtype = f"{split}2014"
             questions, annotations = [], []
@@ -266,12 +294,12 @@ class _World:
 
     # -- VCR
     def vcr(self) -> None:
-        k = int(self.cfg["vcr_questions_per_image"])
-        per_movie = int(self.cfg["vcr_images_per_movie"])
+        k = self.cfg.vcr_questions_per_image
+        per_movie = self.cfg.vcr_images_per_movie
         image_root = self.path(self.sources["vcr"]["images"])
         movie_number = 0
         self.counts["vcr"] = {}
-        for split, n in self.cfg["vcr_images"].items():
+        for split, n in self.cfg.vcr_images.items():
             rows: list[dict] = []
             movie = ""
             kinds: Counter = Counter()
@@ -296,12 +324,12 @@ class _World:
 
     # -- RefCOCO+
     def refcoco(self) -> None:
-        per_image = int(self.cfg["refcoco_refs_per_image"])
+        per_image = self.cfg.refcoco_refs_per_image
         image_dir = self.path(self.sources["refcoco"]["images"])
         refs, images, annotations = [], [], []
         ref_id = sent_id = 0
         self.counts["refcoco"] = {}
-        for split, n in self.cfg["refcoco_images"].items():
+        for split, n in self.cfg.refcoco_images.items():
             split_refs = 0
             for i in self.progress(n, f"refcoco {split}"):
                 image_id = self.next_coco_image_id
@@ -369,7 +397,7 @@ class _World:
     def detector(self) -> None:
         image_id = 0
         self.counts["detector"] = {}
-        for split, n in self.cfg["detector_images"].items():
+        for split, n in self.cfg.detector_images.items():
             image_dir = self.path(self.sources["detector"]["images"], split=split)
             images, annotations = [], []
             for i in self.progress(n, f"detector {split}"):
@@ -480,7 +508,7 @@ def generate_world(cfg: dict, sources: dict, out_root: Path, seed: int,
     world.refcoco()
     world.detector()
     if "flickr30k" in sources:  # optional: caption-based image retrieval (vlbert_core/world/flickr.py)
-        world.counts["flickr30k"] = write_flickr30k(world, cfg.get("flickr_images"), sources["flickr30k"], py_rng)
+        world.counts["flickr30k"] = write_flickr30k(world, cfg.flickr_images, sources["flickr30k"], py_rng)
     summary = {
         "seed": int(seed),
         "image_size": world.size,
@@ -490,7 +518,7 @@ def generate_world(cfg: dict, sources: dict, out_root: Path, seed: int,
         "backgrounds": list(BACKGROUND_KINDS),
         "objects_per_scene": list(world.num_objects),
         "counts": world.counts,
-        "cc_image_dirs": {split: str(cc_image_dir(sources["cc"][split], split)) for split in cfg["cc_images"]},
+        "cc_image_dirs": {split: str(cc_image_dir(sources["cc"][split], split)) for split in cfg.cc_images},
     }
     if summary_path is not None:
         path = Path(summary_path)

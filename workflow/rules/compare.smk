@@ -7,7 +7,7 @@
 
 rule model_comparison:
     input:
-        evals=comparison_evals,  # common.smk
+        evals=comparison_evals,  # common_seeds.smk
         pretrained=comparison_pretrained,
         retrieval=retrieval_evals,
     output:
@@ -59,6 +59,7 @@ rule zero_shot_retrieval:
         mem_mb=4000,
         runtime=60,
     params:
+        **run_params("device", "max_image_pixels"),
         code=code("zero_shot_retrieval", "retrieval"),
         setting=lambda wc: wc.setting,
         split="test",
@@ -66,8 +67,6 @@ rule zero_shot_retrieval:
         model=stable(config["model"]),
         max_text_len=config["finetune"]["retrieval"].get("max_text_len", 64),
         dataset=config["dataset"],
-        device=config["device"],
-        max_image_pixels=config["max_image_pixels"],  # vlbert_core/images.py
     script:
         "../scripts/zero_shot_retrieval.py"
 

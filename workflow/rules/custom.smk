@@ -22,9 +22,9 @@ rule custom_example:
         mem_mb=1000,
         runtime=10,
     params:
+        **run_params("seed"),
         code=code("custom_example"),
         image_size=config["world"]["image_size"],
-        seed=config["seed"],
     script:
         "../scripts/custom_example.py"
 
@@ -48,7 +48,7 @@ rule custom_rows:
         mem_mb=2000,
         runtime=60,
     params:
-        max_image_pixels=config["max_image_pixels"],  # vlbert_core/images.py
+        **run_params("max_image_pixels"),
         code=code("custom_rows"),
         name=lambda wc: wc.name,
         entry=lambda wc: stable(config["tasks"]["custom"][wc.name]),

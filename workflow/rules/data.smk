@@ -77,7 +77,7 @@ rule download_cc:
         mem_mb=2000,
         runtime=120,
     params:
-        max_image_pixels=config["max_image_pixels"],  # vlbert_core/images.py
+        **run_params("max_image_pixels"),
         code=code("download_cc"),
         split=lambda wc: wc.split,
         shard=lambda wc: int(wc.shard),

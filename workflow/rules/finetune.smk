@@ -5,7 +5,7 @@
 
 rule finetune:
     input:
-        pretrained=pretrained_model,  # common.smk: results/pretrain/{setting}/ or pretrain.init_from
+        pretrained=pretrained_model,  # common_tasks.smk: results/pretrain/{setting}/ or pretrain.init_from
         rois=lambda wc: task_rois(wc.finetune_task, ["train"]),
         eval_rois=lambda wc: task_rois(wc.finetune_task, eval_splits(wc.finetune_task)),
         annotations=lambda wc: source_files(
@@ -29,7 +29,7 @@ rule finetune:
         runtime=600,
         gpu=1 if config["device"] == "cuda" else 0,
     params:
-        max_image_pixels=config["max_image_pixels"],  # vlbert_core/images.py
+        **run_params("seed", "device", "max_image_pixels"),
         code=lambda wc: code("finetune", wc.finetune_task),
         task=lambda wc: wc.finetune_task,
         setting=lambda wc: wc.setting,
@@ -43,7 +43,5 @@ rule finetune:
             dataset_sources(finetune_dataset(wc.finetune_task), config["sources"])
         ),
         eval_targets=lambda wc: eval_targets(wc.finetune_task),
-        seed=config["seed"],
-        device=config["device"],
     script:
         "../scripts/finetune.py"

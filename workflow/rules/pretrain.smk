@@ -11,7 +11,7 @@ rule pretrain:
         text_shards=pretrain_text_shards,
         detector=DETECTOR_MODEL,  # rois.smk: detector.weights or results/detector/model.pt
         bert=bert_checkpoint_input(),  # weights.smk: model.bert_path when a rule makes it
-        start=pretrain_start_input,  # common.smk: pretrain.init_from when pretrain.continue_init_from
+        start=pretrain_start_input,  # common_tasks.smk: pretrain.init_from when pretrain.continue_init_from
     output:
         model="results/pretrain/{setting}/model.safetensors",
         heads="results/pretrain/{setting}/heads.safetensors",
@@ -29,15 +29,13 @@ rule pretrain:
     resources:
         **pretrain_resources(),
     params:
-        max_image_pixels=config["max_image_pixels"],  # vlbert_core/images.py
+        **run_params("seed", "device", "max_image_pixels"),
         setting=lambda wc: wc.setting,
         init_from=pretrain_start,
         model=stable(config["model"]),
         pretrain=stable(
             {k: v for k, v in config["pretrain"].items() if k != "settings"}
         ),
-        seed=config["seed"],
-        device=config["device"],
         code=code("pretrain"),
     script:
         "../scripts/pretrain.py"

@@ -51,11 +51,10 @@ if not config["detector"]["weights"]:
             runtime=120,
             gpu=1 if config["device"] == "cuda" else 0,
         params:
-            max_image_pixels=config["max_image_pixels"],  # vlbert_core/images.py
+            **run_params("seed", "max_image_pixels"),
             code=code("train_detector"),
             detector=stable(config["detector"]),
             images=config["sources"]["detector"]["images"],
-            seed=config["seed"],
         script:
             "../scripts/train_detector.py"
 
@@ -81,10 +80,9 @@ if ROI_SOURCES["cc"] == "detector":
             runtime=120,
             gpu=1 if config["device"] == "cuda" else 0,
         params:
-            max_image_pixels=config["max_image_pixels"],  # vlbert_core/images.py
+            **run_params("device", "max_image_pixels"),
             code=code("extract_rois"),
             rois=ROI_RULE_PARAMS,
-            device=config["device"],
         script:
             "../scripts/extract_rois.py"
 
@@ -109,10 +107,9 @@ else:
             runtime=120,
             gpu=1 if config["device"] == "cuda" else 0,
         params:
-            max_image_pixels=config["max_image_pixels"],  # vlbert_core/images.py
+            **run_params("device", "max_image_pixels"),
             code=code("extract_rois"),
             rois=ROI_IMPORT_PARAMS,
-            device=config["device"],
         script:
             "../scripts/extract_rois.py"
 
@@ -140,13 +137,12 @@ if DETECTED_TASK_DATASETS:
             runtime=120,
             gpu=1 if config["device"] == "cuda" else 0,
         params:
-            max_image_pixels=config["max_image_pixels"],  # vlbert_core/images.py
+            **run_params("device", "max_image_pixels"),
             code=lambda wc: code("extract_task_rois", wc.dataset),
             dataset=lambda wc: wc.dataset,
             split=lambda wc: wc.split,
             sources=lambda wc: stable(dataset_sources(wc.dataset, config["sources"])),
             rois=ROI_RULE_PARAMS,
-            device=config["device"],
         script:
             "../scripts/extract_task_rois.py"
 
@@ -175,12 +171,11 @@ if IMPORTED_TASK_DATASETS:
             runtime=120,
             gpu=1 if config["device"] == "cuda" else 0,
         params:
-            max_image_pixels=config["max_image_pixels"],  # vlbert_core/images.py
+            **run_params("device", "max_image_pixels"),
             code=lambda wc: code("extract_task_rois", wc.dataset),
             dataset=lambda wc: wc.dataset,
             split=lambda wc: wc.split,
             sources=lambda wc: stable(dataset_sources(wc.dataset, config["sources"])),
             rois=ROI_IMPORT_PARAMS,
-            device=config["device"],
         script:
             "../scripts/extract_task_rois.py"

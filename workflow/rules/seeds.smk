@@ -1,6 +1,6 @@
 # Table 4 over training seeds (config/seeds.yaml; not part of the default run). The pretrain, finetune
 # and evaluate rules are reused with their outputs under results/seeds/{seed}/ and `seed` set from
-# the path; the world, detector and RoIs are the default run's (common.smk: seed helpers).
+# the path; the world, detector and RoIs are the default run's (common_seeds.smk: seed helpers).
 
 
 use rule pretrain as pretrain_seed with:

@@ -19,9 +19,9 @@ if config["dataset"] == "synthetic":
             mem_mb=2000,
             runtime=30,
         params:
+            **run_params("seed"),
             code=code("world"),
             world=stable(config["world"]),
             sources=stable(config["sources"]),
-            seed=config["seed"],
         script:
             "../scripts/world.py"

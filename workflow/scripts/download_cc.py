@@ -1,12 +1,14 @@
 """Snakemake entry point: download, resize and write one Conceptual Captions shard."""
 
 from vlbert_core.data import download_cc_shard
+from vlbert_core.run_context import RunContext
 from vlbert_core.utils import setup_compute, setup_logging
 
 
 def main(smk) -> None:
     setup_logging(smk.log[0])
     setup_compute(smk.threads)
+    run = RunContext.from_params(smk.params, require=("max_image_pixels",))
     download_cc_shard(
         rows_parquet=smk.input.rows,
         split=smk.params.split,
@@ -16,7 +18,7 @@ def main(smk) -> None:
         out_tar=smk.output.tar,
         out_parquet=smk.output.parquet,
         out_stats=smk.output.stats,
-        max_image_pixels=int(smk.params.max_image_pixels),
+        max_image_pixels=run.max_image_pixels,
     )
 
 

@@ -5,6 +5,7 @@ from pathlib import Path
 import yaml
 
 from vlbert_core.pretrain.launch import Launch, distributed_command, pretrain_arguments, run_distributed
+from vlbert_core.run_context import RunContext
 from vlbert_core.utils import get_logger, setup_compute, setup_logging
 
 
@@ -16,9 +17,12 @@ def main(smk) -> None:
             raise ValueError(f"rule pretrain: output '{name}' ({smk.output[name]}) must sit beside {smk.output['model']}")
     pretrain_cfg = {k: v for k, v in dict(smk.params["pretrain"]).items() if k != "launch"}
     launch = Launch.from_config(smk.params["pretrain"].get("launch"))
+    run = RunContext.from_params(smk.params)  # seed, device, max_image_pixels
     if launch.in_process:
         setup_compute(smk.threads)
+        from vlbert_core.models.common.config import ModelSettings
         from vlbert_core.pretrain import pretrain
+        from vlbert_core.pretrain.config import PretrainSettings
 
         pretrain(
             setting=smk.params["setting"],
@@ -26,23 +30,22 @@ def main(smk) -> None:
             roi_parquets=list(smk.input["roi_parquets"]),
             text_shards=list(getattr(smk.input, "text_shards", [])),
             detector_path=str(smk.input["detector"]),
-            model_cfg=dict(smk.params["model"]),
-            pretrain_cfg=pretrain_cfg,
+            model_cfg=ModelSettings.from_config(dict(smk.params["model"])),
+            pretrain_cfg=PretrainSettings.from_config(pretrain_cfg),
             out_dir=str(out_dir),
-            seed=int(smk.params["seed"]),
-            device=str(smk.params["device"]),
+            seed=run.seed,
+            device=run.device,
             init_from=smk.params["init_from"],
-            max_image_pixels=int(smk.params["max_image_pixels"]),
+            max_image_pixels=run.max_image_pixels,
         )
         return
 
-    # Every process reads the same config: this job's params, written beside the outputs.
+    # Every process reads the same config: this job's params, written beside the outputs (the run context
+    # too; vlbert_core/pretrain/__main__.py reads it back strictly).
     out_dir.mkdir(parents=True, exist_ok=True)
     config_file = out_dir / "launch_config.yaml"
     config_file.write_text(yaml.safe_dump({
-        "model": dict(smk.params["model"]), "pretrain": pretrain_cfg,
-        "seed": int(smk.params["seed"]), "device": str(smk.params["device"]),
-        "max_image_pixels": int(smk.params["max_image_pixels"])}))
+        "model": dict(smk.params["model"]), "pretrain": pretrain_cfg, **run.as_dict()}))
     command = distributed_command(launch, pretrain_arguments(
         setting=smk.params["setting"], config_file=str(config_file), cc_shards=list(smk.input["cc_shards"]),
         roi_parquets=list(smk.input["roi_parquets"]), text_shards=list(getattr(smk.input, "text_shards", [])),

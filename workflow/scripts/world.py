@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from vlbert_core.run_context import RunContext
 from vlbert_core.utils import setup_compute, setup_logging
 from vlbert_core.world import generate_world
 
@@ -9,11 +10,12 @@ from vlbert_core.world import generate_world
 def main(smk) -> None:
     setup_logging(smk.log[0])
     setup_compute(smk.threads)
+    run = RunContext.from_params(smk.params, require=("seed",))
     generate_world(
         cfg=dict(smk.params.world),
         sources=dict(smk.params.sources),
         out_root=Path.cwd(),
-        seed=int(smk.params.seed),
+        seed=run.seed,
         summary_path=Path(smk.output.summary),
     )
 

@@ -19,7 +19,7 @@ from vlbert_core.convert.released_heads import LAYOUTS
 from vlbert_core.convert.verify import main as verify
 
 HERE = Path(__file__).parent
-MANIFESTS = HERE.parent / "manifests"
+MANIFESTS = HERE.parents[2] / "vlbert_core" / "convert" / "manifests"  # package data (MANIFEST_DIR)
 
 
 def main() -> int:

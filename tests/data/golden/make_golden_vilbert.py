@@ -1,10 +1,10 @@
 """Writes the golden files of tests/test_golden_vilbert.py: the reference batch (vilbert.inputs.npz) and the
 outputs of the AUTHORS' ViLBERT at every stage on it (vilbert.authors.npz), for the stand-in checkpoint of the
-small config (vlbert_core/convert/vilbert_reference.py SMALL_CONFIG: hidden 32, v_hidden 24, 3 text, 2 visual and
+small config (vlbert_core/convert/vilbert/reference.py SMALL_CONFIG: hidden 32, v_hidden 24, 3 text, 2 visual and
 2 co-attention layers, vocabulary 64) with seed 0, and vilbert.json (config, seed, the differences seen).
 
 It needs the authors' code, so CI does not run it: a checkout of facebookresearch/vilbert-multi-task and a
-Python environment with torch and numpy (their vilbert/utils.py is stood in for: vilbert_authors_runner.py).
+Python environment with torch and numpy (their vilbert/utils.py is stood in for: convert/vilbert/authors_runner.py).
 
 Run: uv run python tests/data/golden/make_golden_vilbert.py --authors-repo vilbert-multi-task \
          --authors-python ENV/bin/python
@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from vlbert_core.convert.vilbert_reference import main as verify
+from vlbert_core.convert.vilbert.reference import main as verify
 
 HERE = Path(__file__).parent
 

@@ -1,9 +1,9 @@
 """The torch side of each task: its samples (records -> model-ready batches) and its heads on top of a model's
-`EncoderOutput` (vlbert_core/model_output.py), whatever its family. One module per task, so that an edit of one
+`EncoderOutput` (vlbert_core/models/common/output.py), whatever its family. One module per task, so that an edit of one
 task's samples or head re-runs only that task's fine-tunes (see vlbert_core/fingerprint.py); what every task's
 samples share is in `tasks/samples.py`.
 
-Every head is built from the model's `HeadSpec` and takes its `EncoderOutput` and the `VLBertBatch` it came from:
+Every head is built from the model's `HeadSpec` and takes its `EncoderOutput` and the `ModelBatch` it came from:
 - `vqa.VQAHead`: the answer vector (VL-BERT: the `[MASK]` text state; ViLBERT: the pooled h_IMG * h_CLS)
   -> Linear-GELU-LayerNorm-Linear -> one logit per answer; BCE on the soft targets, multiplied by the number
   of answers as in the released code.

@@ -1,14 +1,14 @@
 """What every task head shares: where a head reads its vector in a model's `EncoderOutput`, and the head layouts.
 
 A head never looks inside a model family's sequence: sentence-level heads read `output.pooled`, region-level
-heads `output.visual_states`, and an answer head reads the vector `answer_vector` picks (vlbert_core/model_output.py).
+heads `output.visual_states`, and an answer head reads the vector `answer_vector` picks (vlbert_core/models/common/output.py).
 """
 
 from __future__ import annotations
 
 import torch
 
-from vlbert_core.model_output import ANSWER_READOUTS, HeadSpec
+from vlbert_core.models.common.output import ANSWER_READOUTS, HeadSpec
 
 
 def mask_output(text_states: torch.Tensor, input_ids: torch.Tensor, mask_id: int) -> torch.Tensor:

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlbert_core.model.batch import VLBertBatch, collate_samples
-from vlbert_core.model.initialization import init_new_parameters
-from vlbert_core.model.inputs import IGNORE_INDEX
+from vlbert_core.models.common.batch import ModelBatch, collate_samples
+from vlbert_core.models.common.initialization import init_new_parameters
+from vlbert_core.models.common.inputs import IGNORE_INDEX
 
 from ..common import rois_for_key
 from ..custom import image_key
@@ -71,7 +71,7 @@ class CustomData:
         return {"sequence": self.tokens.sequence(ids, None, len(boxes)), "image": image, "boxes": boxes,
                 "target": target, "id": row["id"], "image_key": key}
 
-    def collate(self, samples: list[dict]) -> tuple[VLBertBatch, dict]:
+    def collate(self, samples: list[dict]) -> tuple[ModelBatch, dict]:
         extras = {"id": [s["id"] for s in samples], "image_keys": [s["image_key"] for s in samples],
                   "target": torch.tensor([s["target"] for s in samples], dtype=torch.long)}
         return collate_samples(samples), extras

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlbert_core.model.batch import VLBertBatch, collate_samples
-from vlbert_core.model.heads import PredictionTransform
-from vlbert_core.model.initialization import init_new_parameters
+from vlbert_core.models.common.batch import ModelBatch, collate_samples
+from vlbert_core.models.common.heads import PredictionTransform
+from vlbert_core.models.common.initialization import init_new_parameters
 
 from ..common import rois_for_key
 from ..refcoco import POSITIVE_IOU, RefcocoData, box_iou
@@ -107,7 +107,7 @@ class RefcocoSamples:
                 "boxes": boxes, "labels": labels, "candidate": candidate, "index": i,
                 "image_key": f"{expr.image_key}/{self.track}"}
 
-    def collate(self, samples: list[dict]) -> tuple[VLBertBatch, dict]:
+    def collate(self, samples: list[dict]) -> tuple[ModelBatch, dict]:
         batch = collate_samples(samples)
         num_boxes = batch.boxes.shape[1]
         labels = torch.zeros(len(samples), num_boxes)

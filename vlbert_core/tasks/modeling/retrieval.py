@@ -22,17 +22,18 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vlbert_core.images import DEFAULT_MAX_PIXELS
-from vlbert_core.model.batch import VLBertBatch, collate_samples
-from vlbert_core.model.initialization import init_new_parameters
+from vlbert_core.models.common.batch import ModelBatch, collate_samples
+from vlbert_core.models.common.heads import AlignmentReadout
+from vlbert_core.models.common.initialization import init_new_parameters
+from vlbert_core.models.registry import family
 from vlbert_core.utils import atomic_path, get_logger
 
 from ..common import rois_for_key
@@ -113,7 +114,7 @@ class RetrievalPairData:
     def sample(self, index: int) -> dict:
         return self.pair_sample(*self.pair(index))
 
-    def collate(self, samples: list[dict]) -> tuple[VLBertBatch, dict]:
+    def collate(self, samples: list[dict]) -> tuple[ModelBatch, dict]:
         extras = {"image_keys": [s["image_key"] for s in samples], "image_id": [s["image_id"] for s in samples],
                   "caption_id": [s["caption_id"] for s in samples]}
         return collate_samples(samples), extras
@@ -179,7 +180,7 @@ class RetrievalTrainData:
         return {"candidates": [pair(i, own), pair(i, random_image), pair(random_caption, own)],
                 "hard": [pair(i, image) for image in hard], "caption_id": self.pairs.captions[i][0]}
 
-    def collate(self, samples: list[dict]) -> tuple[VLBertBatch, dict]:
+    def collate(self, samples: list[dict]) -> tuple[ModelBatch, dict]:
         fixed = [c for s in samples for c in s["candidates"]]
         hard = [c for s in samples for c in s["hard"]]
         extras = {"image_keys": [c["image_key"] for c in fixed], "caption_id": [s["caption_id"] for s in samples],
@@ -216,49 +217,14 @@ def four_way_loss(model, out: Mapping[str, torch.Tensor], extras: Mapping[str, A
 
 # ---- zero-shot retrieval with the pre-training alignment head -------------------------------------
 
-@dataclass(frozen=True)
-class AlignmentReadout:
-    """Where a family's pre-training "does this caption describe this image" head lives and what it reads.
-
-    head: its name in heads.safetensors; head_names: the family's heads (vlbert_core.model.heads.HEAD_NAMES
-    convention); build: the head module from the model config; vector: what it reads from the EncoderOutput;
-    matched_index: its logit of "matched"."""
-
-    head: str
-    head_names: tuple[str, ...]
-    build: Callable[[Any], nn.Module]
-    vector: Callable[[Any], torch.Tensor]
-    matched_index: int
-
-
-def cls_state(output) -> torch.Tensor:
-    """[B, width]: the text state at position 0, the `[CLS]` element (EncoderOutput.text_states follows input_ids)."""
-    return output.text_states[:, 0]
-
-
-def pooled_vector(output) -> torch.Tensor:
-    return output.pooled
-
-
 def alignment_readout(model_type: str) -> AlignmentReadout:
-    """The one family-specific piece of zero-shot retrieval (each family's pre-training heads module could expose
-    its own readout; until then it is kept here).
-
-    - VL-BERT: the sentence-image relationship head (model/heads.py RelationshipHead) on the `[CLS]` output,
-      which pre-training reads as the state at position 0 (pretrain/objectives.py); label 1 = matched
-      (pretrain/data.py: relationship 1 for a true pair, 0 for a mismatched one).
-    - ViLBERT: the alignment head (vilbert/pretraining.py AlignmentHead) on the pooled h_IMG * h_CLS; its
-      ALIGNED_INDEX (0, the authors' convention) = matched.
-    """
-    if model_type == "vlbert":
-        from vlbert_core.model.heads import HEAD_NAMES, RelationshipHead
-
-        return AlignmentReadout("relationship", HEAD_NAMES, RelationshipHead, cls_state, matched_index=1)
-    if model_type == "vilbert":
-        from vlbert_core.vilbert.pretraining import ALIGNED_INDEX, HEAD_NAMES, AlignmentHead
-
-        return AlignmentReadout("alignment", HEAD_NAMES, AlignmentHead, pooled_vector, matched_index=ALIGNED_INDEX)
-    raise ValueError(f"zero-shot retrieval: no alignment head known for model type {model_type!r}")
+    """The one family-specific piece of zero-shot retrieval: where the family's pre-training caption-image head
+    lives and what it reads (its registry record's alignment_readout)."""
+    try:
+        record = family(model_type)
+    except ValueError:
+        raise ValueError(f"zero-shot retrieval: no alignment head known for model type {model_type!r}") from None
+    return record.load("alignment_readout")
 
 
 PRETRAIN_METRICS_FILE = "metrics.jsonl"  # written by pre-training (vlbert_core/pretrain/loop.py) beside the model
@@ -267,8 +233,8 @@ ALIGNMENT_LOSS_KEY = "rel_loss"          # its column of the caption-image relat
 
 def load_alignment_head(directory: str | os.PathLike, model) -> tuple[nn.Module, AlignmentReadout]:
     """The trained alignment head of a pre-trained model directory, in eval mode, or an error saying why not."""
-    from vlbert_core.model.heads import HEADS_FILE, read_pretraining_heads
-    from vlbert_core.model.initialization import copy_tensors
+    from vlbert_core.models.common.heads import HEADS_FILE, read_pretraining_heads
+    from vlbert_core.models.common.initialization import copy_tensors
 
     directory = Path(directory)
     readout = alignment_readout(model.model_type)
@@ -297,7 +263,7 @@ def load_alignment_head(directory: str | os.PathLike, model) -> tuple[nn.Module,
 
 @torch.no_grad()
 def zero_shot_scores(pretrained_dir: str | os.PathLike, out_path: str | os.PathLike | None = None, *,
-                     sources: Mapping[str, str], model_cfg: Mapping[str, Any],
+                     sources: Mapping[str, str], model_cfg: "ModelSettings | Mapping[str, Any]",
                      rois_paths: Sequence[str | os.PathLike], split: str = "test", max_text_len: int = 64,
                      batch_size: int = 32, device: str = "cpu", max_image_pixels: int = DEFAULT_MAX_PIXELS) -> dict:
     """Zero-shot image retrieval: every caption of `split` with every image, scored by the probability of
@@ -310,13 +276,14 @@ def zero_shot_scores(pretrained_dir: str | os.PathLike, out_path: str | os.PathL
     (results/rois/flickr30k/<split>.parquet); `model_cfg`: the config's model section (max_rois, image_max_side);
     `max_image_pixels`: the config's cap on an image's pixels (vlbert_core/images.py), as fine-tuning applies it.
     The visual network runs once per image and batch: every batch holds one image's captions."""
-    from vlbert_core.model import load_tokenizer
-    from vlbert_core.model.config import visual_pixel_format
-    from vlbert_core.model_registry import from_pretrained
+    from vlbert_core.models.common.bert_init import load_tokenizer
+    from vlbert_core.models.common.config import ModelSettings, visual_pixel_format
+    from vlbert_core.models.registry import from_pretrained
     from vlbert_core.rois import read_rois
 
     from ..retrieval import RetrievalTask, load_split
 
+    sizes = ModelSettings.of(model_cfg)
     model = from_pretrained(pretrained_dir).to(device).eval()
     head, readout = load_alignment_head(pretrained_dir, model)
     head.to(device)
@@ -329,9 +296,9 @@ def zero_shot_scores(pretrained_dir: str | os.PathLike, out_path: str | os.PathL
                        [(image.imgid, image.key, images_dir / image.filename) for image in data.images],
                        rois=rois, rois_source=", ".join(map(str, rois_paths)),
                        tokens=Tokens(load_tokenizer(model.config.bert_path)),
-                       images_loader=ImageLoader.from_settings(model_cfg, visual_pixel_format(model.config),
-                                                               max_pixels=max_image_pixels),
-                       max_rois=int(model_cfg["max_rois"]), max_text_len=int(max_text_len))
+                       images_loader=ImageLoader(sizes.image_max_side, pixel_format=visual_pixel_format(model.config),
+                                                 min_side=sizes.image_min_side, max_pixels=max_image_pixels),
+                       max_rois=sizes.max_rois, max_text_len=int(max_text_len))
     num_captions = len(pairs.captions)
     rows: list[dict] = []
     for image in range(pairs.num_images):

@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlbert_core.model.batch import VLBertBatch, collate_samples
-from vlbert_core.model.heads import PredictionTransform
-from vlbert_core.model.initialization import init_new_parameters
-from vlbert_core.model.inputs import IGNORE_INDEX, TEXT, InputSequence
+from vlbert_core.models.common.batch import ModelBatch, collate_samples
+from vlbert_core.models.common.heads import PredictionTransform
+from vlbert_core.models.common.initialization import init_new_parameters
+from vlbert_core.models.common.inputs import IGNORE_INDEX, TEXT, InputSequence
 
 from .. import vcr as vcr_lib
 from ..samples import ImageLoader, Tokens, image_and_boxes, truncate_pair
@@ -162,7 +162,7 @@ class VcrData:
         sample["label"] = -1 if label is None else int(label)
         return sample
 
-    def collate(self, samples: list[dict]) -> tuple[VLBertBatch, dict]:
+    def collate(self, samples: list[dict]) -> tuple[ModelBatch, dict]:
         """Question-major rows: row 4q + k is candidate k of question q."""
         flat = [{"sequence": seq, "image": s["image"], "boxes": s["boxes"], "instance_masks": s.get("instance_masks")}
                 for s in samples for seq in s["sequences"]]

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlbert_core.model.batch import VLBertBatch, collate_samples
-from vlbert_core.model.heads import PredictionTransform
-from vlbert_core.model.initialization import init_new_parameters
+from vlbert_core.models.common.batch import ModelBatch, collate_samples
+from vlbert_core.models.common.heads import PredictionTransform
+from vlbert_core.models.common.initialization import init_new_parameters
 
 from ..common import rois_for_key
 from ..samples import ImageLoader, Tokens, image_and_boxes, truncate_pair
@@ -91,7 +91,7 @@ class VqaData:
             sample["target"] = target
         return sample
 
-    def collate(self, samples: list[dict]) -> tuple[VLBertBatch, dict]:
+    def collate(self, samples: list[dict]) -> tuple[ModelBatch, dict]:
         extras = {"question_id": [s["question_id"] for s in samples],
                   "image_keys": [s["image_key"] for s in samples]}
         if "target" in samples[0]:

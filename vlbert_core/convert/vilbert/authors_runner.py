@@ -1,0 +1,152 @@
+"""Run the authors' ViLBERT (facebookresearch/vilbert-multi-task, vilbert/vilbert.py) on a reference batch and
+save its per-stage outputs.
+
+A standalone script for the authors' environment: it imports torch, numpy and the authors' vilbert/vilbert.py
+(from --authors-repo, a checkout the user downloaded), never this package. `python -m
+vlbert_core.convert.vilbert.reference` runs it with --authors-python and compares its outputs with ours.
+
+    PY vlbert_core/convert/vilbert/authors_runner.py --authors-repo vilbert-multi-task \
+        --config config/bert_base_6layer_6conect.json --checkpoint pretrained_model.bin --inputs in.npz --out out.npz
+
+What it stands in for to run their module on a CPU under today's torch (nothing of their code is edited):
+their vilbert/__init__.py is not run, and their vilbert/utils.py (boto3, requests, tensorboardX and torch._six,
+which torch 2 no longer has) is replaced by a module holding the one thing vilbert.py takes from it,
+PreTrainedModel: an nn.Module that keeps its config and ties a module's weight to another's, as theirs does.
+Their model runs in fp32 on the CPU; apex is absent, so their BertLayerNorm is their pure-PyTorch one.
+
+Inputs (.npz): input_ids, token_type_ids, text_mask [B, T]; features [B, R, v_feature_size], locations [B, R, 5],
+region_mask [B, R]; mlm_positions (Bool [B, T]). Outputs (.npz), each at the real elements only (row-major over
+the batch): text_embeddings, visual_embeddings, coattention_<k>_text / _visual (the output of each co-attention
+layer), text_states, visual_states, pooled_text, pooled_visual, mlm_logits (at mlm_positions), region_logits
+(at every real region), alignment_logits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import types
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def install_stand_ins(repo: str) -> None:
+    """The `vilbert` package without its __init__, and `vilbert.utils` as the module docstring says."""
+    package = types.ModuleType("vilbert")
+    package.__path__ = [os.path.join(repo, "vilbert")]
+    sys.modules["vilbert"] = package
+    utils = types.ModuleType("vilbert.utils")
+
+    class PreTrainedModel(nn.Module):
+        def __init__(self, config, *inputs, **kwargs):
+            super().__init__()
+            self.config = config
+
+        def _tie_or_clone_weights(self, first_module, second_module):
+            first_module.weight = second_module.weight
+
+    utils.PreTrainedModel = PreTrainedModel
+    sys.modules["vilbert.utils"] = utils
+
+
+def build_model(config_path: str):
+    """Their BertForMultiModalPreTraining from a config file of theirs, as train_concap.py builds it."""
+    vilbert = importlib.import_module("vilbert.vilbert")
+    config = vilbert.BertConfig.from_json_file(config_path)
+    return vilbert.BertForMultiModalPreTraining(config)
+
+
+class Recorder:
+    """The outputs of the text and image embeddings, of every co-attention layer and of the two poolers."""
+
+    def __init__(self, model):
+        self.outputs = {}
+        bert = model.bert
+        bert.embeddings.register_forward_hook(self._keep("text_embeddings"))
+        bert.v_embeddings.register_forward_hook(self._keep("visual_embeddings"))
+        bert.t_pooler.register_forward_hook(self._keep("pooled_text"))
+        bert.v_pooler.register_forward_hook(self._keep("pooled_visual"))
+        for k, layer in enumerate(bert.encoder.c_layer):
+            layer.register_forward_hook(self._keep_coattention(k))
+        bert.register_forward_hook(self._keep_states)
+
+    def _keep(self, name):
+        def hook(module, args, output):
+            self.outputs[name] = output.detach()
+        return hook
+
+    def _keep_coattention(self, k):
+        def hook(module, args, output):   # (visual, text, attention probabilities)
+            self.outputs[f"coattention_{k}_visual"] = output[0].detach()
+            self.outputs[f"coattention_{k}_text"] = output[1].detach()
+        return hook
+
+    def _keep_states(self, module, args, output):   # (text states, visual states, pooled_t, pooled_v, attention)
+        self.outputs["text_states"], self.outputs["visual_states"] = output[0].detach(), output[1].detach()
+
+
+def run(model, inputs: dict) -> dict[str, np.ndarray]:
+    def t(name, dtype=None):
+        value = torch.from_numpy(np.ascontiguousarray(inputs[name]))
+        return value if dtype is None else value.to(dtype)
+
+    recorder = Recorder(model)
+    text_mask, region_mask = t("text_mask").bool(), t("region_mask").bool()
+    with torch.no_grad():
+        mlm, regions, alignment, _ = model(t("input_ids", torch.long), t("features", torch.float32),
+                                           t("locations", torch.float32), t("token_type_ids", torch.long),
+                                           t("text_mask", torch.long), t("region_mask", torch.long))
+    out = {}
+    for name, value in recorder.outputs.items():
+        if name.startswith("pooled"):
+            out[name] = value.numpy()
+        elif name.endswith("_visual") or name.startswith("visual"):
+            out[name] = value[region_mask].numpy()
+        else:
+            out[name] = value[text_mask].numpy()
+    out["mlm_logits"] = mlm[t("mlm_positions").bool()].numpy()
+    out["region_logits"] = regions[region_mask].numpy()
+    out["alignment_logits"] = alignment.numpy()
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--authors-repo", required=True, help="a checkout of facebookresearch/vilbert-multi-task")
+    parser.add_argument("--config", required=True,
+                        help="a config file of theirs (config/bert_base_6layer_6conect.json)")
+    parser.add_argument("--checkpoint", required=True, help="the state dict (pretrained_model.bin or a stand-in)")
+    parser.add_argument("--inputs", help="the reference batch (.npz)")
+    parser.add_argument("--out", help="where the per-stage outputs go (.npz)")
+    parser.add_argument("--list-keys", default=None,
+                        help="also write the model's state-dict keys and shapes (JSON) here, before loading")
+    args = parser.parse_args(argv)
+    install_stand_ins(os.path.abspath(args.authors_repo))
+    torch.set_grad_enabled(False)
+    model = build_model(args.config)
+    if args.list_keys:
+        with open(args.list_keys, "w") as f:
+            json.dump({k: list(v.shape) for k, v in model.state_dict().items()}, f, indent=1)
+    state = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
+    model.load_state_dict(state, strict=True)
+    model.float().eval()
+    if args.inputs is None:
+        return 0
+    with np.load(args.inputs, allow_pickle=False) as data:
+        inputs = {k: data[k] for k in data.files}
+    result = run(model, inputs)
+    tmp = args.out + ".tmp"
+    with open(tmp, "wb") as f:
+        np.savez_compressed(f, **result)
+    os.replace(tmp, args.out)
+    print(f"vilbert authors_runner: {len(result)} stages -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,467 @@
+"""The authors' released ViLBERT (facebookresearch/vilbert-multi-task `pretrained_model.bin`) -> a ViLBERT model
+directory of this project (model.safetensors + config.json + heads.safetensors, what
+vlbert_core.models.registry.from_pretrained loads).
+
+The input is a plain PyTorch state dict of the authors' BertForMultiModalPreTraining (pytorch_pretrained_bert
+naming: `bert.*` for the model, `cls.*` for the pre-training heads), read with weights_only=True. Sizes are read
+off the tensors' shapes; what shapes cannot tell (attention heads, which layers the co-attention layers follow,
+activations, dropouts) comes from the released config/bert_base_6layer_6conect.json (RELEASED_CONFIG) or from
+`--config`, a config file of the authors' format. Every tensor is mapped or dropped with a reason
+(conversion_report.json beside the weights); a tensor the mapping expects and the file lacks is an error.
+
+The released ViLBERT holds no visual network: its region features were precomputed by a detector (for the
+multi-task release, vqa-maskrcnn-benchmark's detectron_model.pth, data/README.md; script/extract_features.py reads
+its fc6 layer, an MLP box head that this project's ResNet-C4 network does not express). As `convert vl-bert` does
+for its "prec" checkpoints, the visual network comes from a file named
+on the command line: `--detector`, a detector checkpoint of this project (e.g. what `convert bottom-up` writes
+from bottom-up attention's ResNet-101, whose 2048-d features the original ViLBERT was trained on). Its RoI
+feature width must be the checkpoint's v_feature_size and its classes + background the region head's
+v_target_size. Without one the conversion stops: a ViLBERT model here always computes its own RoI features.
+
+Also here: `write_stand_in`, a random-valued checkpoint with the released key layout at any size (tests, the
+reference check in convert/vilbert/reference.py), on the command line
+    python -m vlbert_core.convert.vilbert stand-in OUT [--config JSON] [--seed S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from vlbert_core.models.common.encoder import BERT_LAYER_TENSORS
+from vlbert_core.models.common.heads import save_pretraining_heads
+from vlbert_core.models.vilbert.config import ViLBertConfig
+from vlbert_core.models.vilbert.heads import ViLBertPretrainingHeads
+from vlbert_core.models.vilbert.model import ViLBertModel
+
+from ..accounting import (REPORT_FILE, ConversionError, ConversionReport, Drop, Rule, check_aliases, convert_state_dict,
+                          strip_module_prefix)
+from ..manifest import read_published
+
+PUBLISHED_FILE = "pretrained_model.bin"
+# config/bert_base_6layer_6conect.json of facebookresearch/vilbert-multi-task, the config of pretrained_model.bin
+RELEASED_CONFIG: dict[str, Any] = {
+    "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 768,
+    "initializer_range": 0.02, "intermediate_size": 3072, "max_position_embeddings": 512, "num_attention_heads": 12,
+    "num_hidden_layers": 12, "type_vocab_size": 2, "vocab_size": 30522, "v_feature_size": 2048,
+    "v_target_size": 1601, "v_hidden_size": 1024, "v_num_hidden_layers": 6, "v_num_attention_heads": 8,
+    "v_intermediate_size": 1024, "bi_hidden_size": 1024, "bi_num_attention_heads": 8, "bi_intermediate_size": 1024,
+    "bi_attention_type": 1, "v_attention_probs_dropout_prob": 0.1, "v_hidden_act": "gelu",
+    "v_hidden_dropout_prob": 0.1, "v_initializer_range": 0.02, "v_biattention_id": [0, 1, 2, 3, 4, 5],
+    "t_biattention_id": [6, 7, 8, 9, 10, 11], "pooling_method": "mul",
+}
+# the authors' config keys that are ViLBertConfig fields of the same name
+SHARED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+               "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
+               "type_vocab_size", "v_hidden_size", "v_num_hidden_layers", "v_num_attention_heads",
+               "v_intermediate_size", "v_hidden_act", "v_hidden_dropout_prob", "v_attention_probs_dropout_prob",
+               "bi_hidden_size", "bi_num_attention_heads", "v_biattention_id", "t_biattention_id", "with_coattention",
+               "fusion_method")
+# ... and the two that are named after this project's visual network
+RENAMED_KEYS = {"v_feature_size": "appearance_dim", "v_target_size": "num_object_classes"}
+# keys the authors' BertModel forward never reads (or reads only in training), with why they change nothing here
+IGNORED_KEYS = {
+    "initializer_range": "initialisation only", "v_initializer_range": "initialisation only",
+    "bi_intermediate_size": "read by no module (the co-attention FFNs use intermediate_size and v_intermediate_size)",
+    "bi_attention_type": "read by no module", "pooling_method": "read by no module (fusion_method decides)",
+    "visual_target": "the region loss only", "objective": "the data and losses only",
+    "num_negative": "the region loss only", "fixed_t_layer": "training only (no gradient in the first layers)",
+    "fixed_v_layer": "training only (no gradient in the first layers)", "visualization": "attention maps only",
+}
+# options whose non-default values change the forward in ways this model does not implement: (default, why)
+REFUSED_VALUES = {
+    "dynamic_attention": (False, "text-gated visual attention (dyLinear_q/k)"),
+    "in_batch_pairs": (False, "every caption paired with every image of the batch"),
+    "fast_mode": (False, "one text expanded over the batch's images"),
+    "task_specific_tokens": (False, "a task token inserted after [CLS] (multi-task models)"),
+    "model": ("bert", "RoBERTa embeddings"),
+}
+LAYER_NORM_EPS = 1e-12   # the authors' BertLayerNorm eps, fixed in every module
+HEADS_PREFIX = "heads."
+_BERT = re.escape("bert.")
+
+
+# ---- the authors' config -------------------------------------------------------------------------------------
+
+def read_authors_config(path: str | os.PathLike) -> dict[str, Any]:
+    """An authors'-format config file (e.g. config/bert_base_6layer_6conect.json), checked key by key."""
+    path = Path(path)
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConversionError(f"{path}: not a readable JSON config: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ConversionError(f"{path}: expected a JSON object")
+    check_authors_config(config, str(path))
+    return config
+
+
+def check_authors_config(config: Mapping[str, Any], where: str) -> None:
+    known = set(SHARED_KEYS) | set(RENAMED_KEYS) | set(IGNORED_KEYS) | set(REFUSED_VALUES)
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise ConversionError(f"{where}: unknown ViLBERT config keys {unknown}")
+    for key, (default, what) in REFUSED_VALUES.items():
+        if config.get(key, default) != default:
+            raise ConversionError(f"{where}: {key}={config[key]!r} ({what}) is not implemented by this project's "
+                                  f"ViLBERT; only {key}={default!r} converts")
+
+
+def released_key_shapes(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the authors' BertForMultiModalPreTraining state dict built from `config` (their keys),
+    with its shape, in their module order. Both names of the tied MLM decoder are listed (state_dict saves it
+    under both)."""
+    c = {**RELEASED_CONFIG, **config}
+    h, v, bi = c["hidden_size"], c["v_hidden_size"], c["bi_hidden_size"]
+    shapes: dict[str, tuple[int, ...]] = {}
+
+    def linear(name: str, n_in: int, n_out: int) -> None:
+        shapes[f"{name}.weight"], shapes[f"{name}.bias"] = (n_out, n_in), (n_out,)
+
+    def norm(name: str, width: int) -> None:
+        shapes[f"{name}.weight"], shapes[f"{name}.bias"] = (width,), (width,)
+
+    def bert_layer(prefix: str, width: int, inner: int) -> None:
+        for proj in ("query", "key", "value"):
+            linear(f"{prefix}.attention.self.{proj}", width, width)
+        linear(f"{prefix}.attention.output.dense", width, width)
+        norm(f"{prefix}.attention.output.LayerNorm", width)
+        linear(f"{prefix}.intermediate.dense", width, inner)
+        linear(f"{prefix}.output.dense", inner, width)
+        norm(f"{prefix}.output.LayerNorm", width)
+
+    shapes["bert.embeddings.word_embeddings.weight"] = (c["vocab_size"], h)
+    shapes["bert.embeddings.position_embeddings.weight"] = (c["max_position_embeddings"], h)
+    shapes["bert.embeddings.token_type_embeddings.weight"] = (c["type_vocab_size"], h)
+    norm("bert.embeddings.LayerNorm", h)
+    linear("bert.v_embeddings.image_embeddings", c["v_feature_size"], v)
+    linear("bert.v_embeddings.image_location_embeddings", 5, v)
+    norm("bert.v_embeddings.LayerNorm", v)
+    for i in range(c["num_hidden_layers"]):
+        bert_layer(f"bert.encoder.layer.{i}", h, c["intermediate_size"])
+    for i in range(c["v_num_hidden_layers"]):
+        bert_layer(f"bert.encoder.v_layer.{i}", v, c["v_intermediate_size"])
+    for i in range(len(c["v_biattention_id"])):
+        p = f"bert.encoder.c_layer.{i}"
+        for proj in ("query1", "key1", "value1"):
+            linear(f"{p}.biattention.{proj}", v, bi)
+        for proj in ("query2", "key2", "value2"):
+            linear(f"{p}.biattention.{proj}", h, bi)
+        linear(f"{p}.biOutput.dense1", bi, v)
+        norm(f"{p}.biOutput.LayerNorm1", v)
+        linear(f"{p}.biOutput.q_dense1", bi, v)
+        linear(f"{p}.biOutput.dense2", bi, h)
+        norm(f"{p}.biOutput.LayerNorm2", h)
+        linear(f"{p}.biOutput.q_dense2", bi, h)
+        linear(f"{p}.v_intermediate.dense", v, c["v_intermediate_size"])
+        linear(f"{p}.v_output.dense", c["v_intermediate_size"], v)
+        norm(f"{p}.v_output.LayerNorm", v)
+        linear(f"{p}.t_intermediate.dense", h, c["intermediate_size"])
+        linear(f"{p}.t_output.dense", c["intermediate_size"], h)
+        norm(f"{p}.t_output.LayerNorm", h)
+    linear("bert.t_pooler.dense", h, bi)
+    linear("bert.v_pooler.dense", v, bi)
+    shapes["cls.predictions.bias"] = (c["vocab_size"],)
+    linear("cls.predictions.transform.dense", h, h)
+    norm("cls.predictions.transform.LayerNorm", h)
+    shapes["cls.predictions.decoder.weight"] = (c["vocab_size"], h)
+    linear("cls.bi_seq_relationship", bi, 2)
+    linear("cls.imagePredictions.transform.dense", v, v)
+    norm("cls.imagePredictions.transform.LayerNorm", v)
+    linear("cls.imagePredictions.decoder", v, c["v_target_size"])
+    return shapes
+
+
+def _count_layers(source: Mapping[str, torch.Tensor], kind: str) -> int:
+    """How many `bert.encoder.<kind>.<i>.` layers the checkpoint holds (numbered 0..n-1)."""
+    found = {int(m.group(1)) for k in source if (m := re.match(rf"bert\.encoder\.{kind}\.(\d+)\.", k))}
+    if found != set(range(len(found))):
+        raise ConversionError(f"bert.encoder.{kind} layers are not numbered 0..n-1: {sorted(found)}")
+    return len(found)
+
+
+def sizes_from_shapes(source: Mapping[str, torch.Tensor], source_name: str) -> dict[str, int]:
+    """The authors' size keys, read off the checkpoint's tensors."""
+    def shape(key: str) -> tuple[int, ...]:
+        if key not in source:
+            raise ConversionError(f"{source_name}: {key!r} is missing; the model's sizes are read from it")
+        return tuple(source[key].shape)
+
+    vocab, hidden = shape("bert.embeddings.word_embeddings.weight")
+    v_hidden, v_feature = shape("bert.v_embeddings.image_embeddings.weight")
+    return {"vocab_size": vocab, "hidden_size": hidden,
+            "max_position_embeddings": shape("bert.embeddings.position_embeddings.weight")[0],
+            "type_vocab_size": shape("bert.embeddings.token_type_embeddings.weight")[0],
+            "num_hidden_layers": _count_layers(source, "layer"),
+            "intermediate_size": shape("bert.encoder.layer.0.intermediate.dense.weight")[0],
+            "v_feature_size": v_feature, "v_hidden_size": v_hidden,
+            "v_num_hidden_layers": _count_layers(source, "v_layer"),
+            "v_intermediate_size": shape("bert.encoder.v_layer.0.intermediate.dense.weight")[0],
+            "bi_hidden_size": shape("bert.encoder.c_layer.0.biattention.query1.weight")[0],
+            "v_target_size": shape("cls.imagePredictions.decoder.weight")[0]}
+
+
+def authors_config_of(source: Mapping[str, torch.Tensor], given: Mapping[str, Any] | None,
+                      source_name: str) -> dict[str, Any]:
+    """The checkpoint's config in the authors' keys: sizes from its shapes, the rest from `given` (a --config)
+    or else the released config. A size `given` states must be the checkpoint's."""
+    given = dict(given or {})
+    check_authors_config(given, "--config")
+    sizes = sizes_from_shapes(source, source_name)
+    wrong = {k: (given[k], n) for k, n in sizes.items() if k in given and given[k] != n}
+    if wrong:
+        raise ConversionError(f"{source_name}: the config says {', '.join(f'{k}={a}' for k, (a, _) in wrong.items())}, "
+                              f"the checkpoint's tensors {', '.join(f'{k}={n}' for k, (_, n) in wrong.items())}")
+    num_coattention = _count_layers(source, "c_layer")
+    config = {**RELEASED_CONFIG, **given, **sizes}
+    for key in ("v_biattention_id", "t_biattention_id"):
+        if len(config[key]) != num_coattention:
+            raise ConversionError(f"{source_name}: {num_coattention} co-attention layers (bert.encoder.c_layer.*) but "
+                                  f"{key} {config[key]} names {len(config[key])}: pass the checkpoint's config "
+                                  "(--config, e.g. config/bert_base_4layer_4conect.json)")
+    return config
+
+
+def vilbert_config(authors: Mapping[str, Any], *, visual_backbone: dict, bert_path: str = "",
+                   where: str = "") -> ViLBertConfig:
+    """Our ViLBertConfig of an authors'-format config (their keys) and the visual network's backbone."""
+    fields: dict[str, Any] = {k: authors[k] for k in SHARED_KEYS if k in authors}
+    fields.update({ours: authors[theirs] for theirs, ours in RENAMED_KEYS.items()})
+    try:
+        return ViLBertConfig(**fields, layer_norm_eps=LAYER_NORM_EPS, visual_backbone=dict(visual_backbone),
+                             tune_frcnn=False, bert_path=bert_path)
+    except (TypeError, ValueError) as exc:
+        raise ConversionError(f"{where}: {exc}; pass the checkpoint's config (--config)") from exc
+
+
+# ---- the mapping -----------------------------------------------------------------------------------------------
+
+# (the authors' name inside a c_layer, ours inside a CoAttentionLayer), each with .weight and .bias
+COATTENTION_TENSORS = (
+    ("biattention.query1", "attention.visual_query"), ("biattention.key1", "attention.visual_key"),
+    ("biattention.value1", "attention.visual_value"), ("biattention.query2", "attention.text_query"),
+    ("biattention.key2", "attention.text_key"), ("biattention.value2", "attention.text_value"),
+    ("biOutput.dense1", "visual_attention_output"), ("biOutput.LayerNorm1", "visual_attention_norm"),
+    ("biOutput.dense2", "text_attention_output"), ("biOutput.LayerNorm2", "text_attention_norm"),
+    ("v_intermediate.dense", "visual_feed_forward.intermediate"), ("v_output.dense", "visual_feed_forward.output"),
+    ("v_output.LayerNorm", "visual_feed_forward.norm"), ("t_intermediate.dense", "text_feed_forward.intermediate"),
+    ("t_output.dense", "text_feed_forward.output"), ("t_output.LayerNorm", "text_feed_forward.norm"),
+)
+# the authors' module (with .weight and .bias) -> ours, outside the layers
+MODULE_TENSORS = (
+    ("bert.embeddings.LayerNorm", "embeddings.layer_norm"),
+    ("bert.v_embeddings.image_embeddings", "image_embeddings.feature"),
+    ("bert.v_embeddings.image_location_embeddings", "image_embeddings.location"),
+    ("bert.v_embeddings.LayerNorm", "image_embeddings.layer_norm"),
+    ("bert.t_pooler.dense", "text_pooler.dense"), ("bert.v_pooler.dense", "visual_pooler.dense"),
+    ("cls.predictions.transform.dense", HEADS_PREFIX + "mlm.transform.dense"),
+    ("cls.predictions.transform.LayerNorm", HEADS_PREFIX + "mlm.transform.layer_norm"),
+    ("cls.imagePredictions.transform.dense", HEADS_PREFIX + "region.transform.dense"),
+    ("cls.imagePredictions.transform.LayerNorm", HEADS_PREFIX + "region.transform.layer_norm"),
+    ("cls.imagePredictions.decoder", HEADS_PREFIX + "region.decoder"),
+    ("cls.bi_seq_relationship", HEADS_PREFIX + "alignment.classifier"),
+)
+TIED_DECODER = ("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight")
+
+
+def mapping_rules() -> tuple[list[Rule], list[Drop]]:
+    """Rules for every tensor of the authors' state dict: model keys, or HEADS_PREFIX + the pre-training heads'."""
+    rules = [Rule(r"bert\.embeddings\.(word_embeddings|position_embeddings|token_type_embeddings)\.weight",
+                  r"embeddings.\1.weight"),
+             Rule(r"cls\.predictions\.bias", HEADS_PREFIX + "mlm.bias")]
+    rules += [Rule(re.escape(theirs) + r"\.(weight|bias)", ours + r".\1") for theirs, ours in MODULE_TENSORS]
+    for kind, ours_list in (("layer", "text_layers"), ("v_layer", "visual_layers")):
+        for theirs, ours in BERT_LAYER_TENSORS:
+            rules.append(Rule(rf"bert\.encoder\.{kind}\.(\d+)\." + re.escape(theirs) + r"\.(weight|bias)",
+                              rf"encoder.{ours_list}.\1.{ours}.\2"))
+    for theirs, ours in COATTENTION_TENSORS:
+        rules.append(Rule(r"bert\.encoder\.c_layer\.(\d+)\." + re.escape(theirs) + r"\.(weight|bias)",
+                          rf"encoder.coattention_layers.\1.{ours}.\2"))
+    drops = [
+        Drop(r"bert\.encoder\.c_layer\.\d+\.biOutput\.q_dense[12]\.(weight|bias)",
+             "BertBiOutput defines q_dense1/q_dense2 but its forward never uses them"),
+        Drop(re.escape(TIED_DECODER[0]), "the MLM decoder is tied to the word embeddings; checked equal to "
+                                         f"{TIED_DECODER[1]}"),
+    ]
+    return rules, drops
+
+
+# ---- the visual network from a detector ------------------------------------------------------------------------
+
+def detector_visual(detector_path: str | os.PathLike | None, authors: Mapping[str, Any],
+                    source_name: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(backbone config, detector state dict) of the detector checkpoint that gives the converted model its visual
+    network, checked against the checkpoint's feature width and region classes."""
+    from vlbert_core.detector.resnet_c4 import build_resnet_c4
+    from vlbert_core.detector.train import load_detector
+
+    if detector_path is None:
+        raise ConversionError(f"{source_name}: the released ViLBERT holds no visual network (its region features "
+                              "were precomputed); pass a detector checkpoint of this project (--detector), e.g. "
+                              "bottom-up attention's converted with `python -m vlbert_core.convert bottom-up`")
+    detector, meta = load_detector(detector_path)
+    backbone = dict(meta["config"]["backbone"])   # load_detector took init_weights out
+    _, _, _, feature_width = build_resnet_c4(backbone)
+    if feature_width != authors["v_feature_size"]:
+        raise ConversionError(f"{detector_path}: RoI features of {feature_width} dimensions, the checkpoint's image "
+                              f"embedding reads v_feature_size {authors['v_feature_size']}")
+    if int(meta["num_classes"]) + 1 != authors["v_target_size"]:
+        raise ConversionError(f"{detector_path}: {meta['num_classes']} classes + background, the checkpoint's region "
+                              f"head predicts v_target_size {authors['v_target_size']} classes (the detector's "
+                              "classes are the region head's targets)")
+    return backbone, detector.state_dict()
+
+
+# ---- converting --------------------------------------------------------------------------------------------------
+
+@dataclass
+class ConvertedViLBert:
+    config: ViLBertConfig
+    state: dict[str, torch.Tensor]                 # ViLBertModel keys, the visual network's excepted
+    heads: dict[str, torch.Tensor]                 # ViLBertPretrainingHeads keys
+    report: ConversionReport
+    authors_config: dict[str, Any] = field(default_factory=dict)
+
+
+def convert_vilbert_state(source: Mapping[str, torch.Tensor], *, source_name: str, visual_backbone: dict,
+                          authors_config: Mapping[str, Any] | None = None, bert_path: str = "",
+                          visual_name: str = "the detector") -> ConvertedViLBert:
+    """Convert a released state dict. `visual_backbone`: the backbone config of the visual network that will be
+    filled from `visual_name`; `authors_config`: a --config (authors' keys), else the released one."""
+    source = strip_module_prefix(dict(source))
+    if not {"bert.embeddings.word_embeddings.weight", "bert.v_embeddings.image_embeddings.weight"} <= set(source):
+        raise ConversionError(f"{source_name}: no 'bert.embeddings.word_embeddings.weight' and "
+                              f"'bert.v_embeddings.image_embeddings.weight': not a ViLBERT checkpoint (first keys: "
+                              f"{sorted(source)[:5]})")
+    if "bert.embeddings.task_embeddings.weight" in source:
+        raise ConversionError(f"{source_name}: holds task embeddings (task_specific_tokens, the multi-task models); "
+                              f"only the pre-trained {PUBLISHED_FILE} layout converts")
+    authors = authors_config_of(source, authors_config, source_name)
+    config = vilbert_config(authors, visual_backbone=visual_backbone, bert_path=bert_path, where=source_name)
+    if bert_path:
+        from vlbert_core.models.common.bert_init import read_bert_config
+
+        bert_vocab = read_bert_config(bert_path)["vocab_size"]
+        if bert_vocab != config.vocab_size:
+            raise ConversionError(f"bert_path {bert_path!r} has vocab_size {bert_vocab}, the checkpoint's word "
+                                  f"embeddings {config.vocab_size} rows: its tokenizer would index another table")
+    check_aliases(source, [(re.escape(TIED_DECODER[0]), TIED_DECODER[1])], source_name)
+    with torch.device("meta"):
+        model = ViLBertModel(config)
+        heads = ViLBertPretrainingHeads(config, model.word_embeddings())
+    target_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    target_shapes.update({HEADS_PREFIX + k: tuple(v.shape) for k, v in heads.state_dict().items()})
+    fill = {k: f"from {visual_name}: the released ViLBERT holds no visual network (its region features were "
+               "precomputed)" for k in target_shapes if k.startswith("visual_network.")}
+    rules, drops = mapping_rules()
+    state, report = convert_state_dict(source, rules, drops, target_shapes, source_name=source_name, fill=fill)
+    heads_state = {k[len(HEADS_PREFIX):]: state.pop(k) for k in list(state) if k.startswith(HEADS_PREFIX)}
+    return ConvertedViLBert(config=config, state=state, heads=heads_state, report=report, authors_config=authors)
+
+
+def convert_vilbert(in_path: str | os.PathLike, out_dir: str | os.PathLike, *, detector: str | os.PathLike | None,
+                    bert_path: str = "", config_path: str | os.PathLike | None = None) -> ConvertedViLBert:
+    """Convert `in_path` (pretrained_model.bin) into the model directory `out_dir` (written whole, then renamed):
+    model.safetensors + config.json, heads.safetensors (mlm, region, alignment) and conversion_report.json."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise FileExistsError(f"{out_dir} exists and is not empty; remove it or choose another directory")
+    source_name = str(in_path)
+    source = read_published(in_path, ())
+    given = None if config_path is None else read_authors_config(config_path)
+    authors = authors_config_of(strip_module_prefix(source), given, source_name)
+    backbone, detector_state = detector_visual(detector, authors, source_name)
+    converted = convert_vilbert_state(source, source_name=source_name, visual_backbone=backbone,
+                                      authors_config=given, bert_path=bert_path, visual_name=str(detector))
+    tmp = out_dir.with_name(f".tmp-{os.getpid()}-{out_dir.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model = ViLBertModel(converted.config)
+        missing, unexpected = model.load_state_dict(converted.state, strict=False)
+        if unexpected or any(not k.startswith("visual_network.") for k in missing):
+            raise ConversionError(f"{source_name}: converted tensors do not fit the model: missing {missing[:8]}, "
+                                  f"unexpected {unexpected[:8]}")
+        model.visual_network.load_detector_weights(detector_state)
+        model.save_pretrained(tmp)
+        heads = ViLBertPretrainingHeads(converted.config, model.word_embeddings())
+        heads.load_state_dict(converted.heads, strict=True)
+        save_pretraining_heads(heads, tmp)
+        converted.report.write(tmp / REPORT_FILE)
+        if out_dir.exists():
+            out_dir.rmdir()
+        os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return converted
+
+
+# ---- stand-ins ---------------------------------------------------------------------------------------------------
+
+STAND_IN_SCALE = 0.05   # the spread of a stand-in's random values, like trained weights'
+
+
+def stand_in_state(config: Mapping[str, Any], seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random values (seeded numpy, the same on every machine) in the released layout of `config` (authors' keys,
+    released_key_shapes): N(0, 0.05) everywhere, LayerNorm scales 1 + N(0, 0.05) so every stage carries signal;
+    the tied decoder is the word-embedding tensor itself, as the authors' state dict saves it."""
+    rng = np.random.default_rng(seed)
+    state: dict[str, torch.Tensor] = {}
+    for key, shape in released_key_shapes(config).items():
+        if key == TIED_DECODER[0]:
+            continue
+        value = rng.standard_normal(size=shape).astype(np.float32) * STAND_IN_SCALE
+        if re.search(r"LayerNorm\d?\.weight$", key):
+            value += 1.0
+        state[key] = torch.from_numpy(value)
+    state[TIED_DECODER[0]] = state[TIED_DECODER[1]]
+    return state
+
+
+def write_stand_in(path: str | os.PathLike, config: Mapping[str, Any] | None = None,
+                   seed: int = 0) -> dict[str, torch.Tensor]:
+    """A stand-in of pretrained_model.bin (torch.save of the state dict) for `config` (authors' keys over the
+    released config; default: the released sizes, 1 GB). Returns the state written."""
+    from vlbert_core.utils import atomic_path
+
+    config = {**RELEASED_CONFIG, **dict(config or {})}
+    check_authors_config(config, "stand-in config")
+    state = stand_in_state(config, seed)
+    with atomic_path(Path(path)) as tmp:
+        torch.save(state, tmp)
+    return state
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vlbert_core.convert.vilbert",
+                                     description="Stand-ins of the released ViLBERT (facebookresearch/"
+                                                 f"vilbert-multi-task {PUBLISHED_FILE}): random values, the released "
+                                                 "key layout.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    stand_in = sub.add_parser("stand-in", help=f"write a random-valued {PUBLISHED_FILE}")
+    stand_in.add_argument("out", help="file to write")
+    stand_in.add_argument("--config", default=None,
+                          help="an authors'-format config (default: config/bert_base_6layer_6conect.json's values)")
+    stand_in.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    config = None if args.config is None else read_authors_config(args.config)
+    state = write_stand_in(args.out, config, args.seed)
+    print(f"{args.out}: stand-in of {PUBLISHED_FILE}, {len(state)} tensors, "
+          f"{sum(v.numel() for k, v in state.items() if k != TIED_DECODER[0]) / 1e6:.1f}M values")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from vlbert_core.cli import run_command
+
+    sys.exit(run_command(main, "python -m vlbert_core.convert.vilbert"))

@@ -1,0 +1,256 @@
+"""python -m vlbert_core.convert.vilbert.reference --authors-repo DIR [--authors-python PY] [--config JSON] ...
+
+Does a converted ViLBERT compute what the authors' code computes? Runs the authors' BertForMultiModalPreTraining
+(facebookresearch/vilbert-multi-task, in its own Python environment: authors_runner.py) and the converted
+model on one fixed batch of two samples with different numbers of words and regions, and prints the largest
+difference at every stage: the text and image embeddings, the output of every co-attention layer, the final text
+and visual states, the two pooled vectors, and the heads' logits (MLM at a few words, the region classes of every
+real region, the alignment logits).
+
+The checkpoint is the authors' file (--checkpoint, with its --config; --detector optional: the stages start from
+given region features, so without one a random detector of the right widths stands in) or a random-valued
+stand-in in the released key layout (the default; --config sizes it: the released bert_base_6layer_6conect sizes
+unless given). --golden-out writes the batch and the authors' outputs (tests/data/golden/vilbert.*, compared by
+tests/test_golden_vilbert.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from ..stages import compare_stages, load_arrays, report_stages, save_arrays
+
+RUNNER = Path(__file__).with_name("authors_runner.py")
+TOLERANCE = 1e-4
+TEXT_LENGTHS = (7, 5)       # words of the two samples, [CLS] and [SEP] included
+REGION_COUNTS = (5, 3)      # regions of the two samples, the global region 0 included
+MLM_PER_SAMPLE = 2
+# A small config in the authors' keys (tests/data/golden): 3 text layers, 2 visual layers, 2 co-attention layers
+# after text layers 0 and 1-2 and visual layer 0 and 1 (so each stream runs layers between and after them).
+SMALL_CONFIG: dict[str, Any] = {
+    "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 2, "intermediate_size": 48,
+    "max_position_embeddings": 16, "type_vocab_size": 2, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+    "attention_probs_dropout_prob": 0.1, "initializer_range": 0.02, "v_feature_size": 16, "v_target_size": 7,
+    "v_hidden_size": 24, "v_num_hidden_layers": 2, "v_num_attention_heads": 2, "v_intermediate_size": 40,
+    "bi_hidden_size": 16, "bi_num_attention_heads": 2, "bi_intermediate_size": 40, "bi_attention_type": 1,
+    "v_attention_probs_dropout_prob": 0.1, "v_hidden_act": "gelu", "v_hidden_dropout_prob": 0.1,
+    "v_initializer_range": 0.02, "v_biattention_id": [0, 1], "t_biattention_id": [1, 2], "pooling_method": "mul",
+}
+INPUTS_FILE, OUTPUTS_FILE, RECORD_FILE = "vilbert.inputs.npz", "vilbert.authors.npz", "vilbert.json"
+
+
+# ---- the reference batch ---------------------------------------------------------------------------------------
+
+def reference_inputs(config: Mapping[str, Any], seed: int = 0) -> dict[str, np.ndarray]:
+    """Two samples in the authors' input conventions: word ids (id 0 padding), token types (the second sample
+    has a sentence B), region features (non-negative, as pooled CNN features), 5-d locations (region 0 the
+    global one at (0, 0, 1, 1, 1), as their datasets prepend it), masks, and the words whose MLM logits are read."""
+    rng = np.random.default_rng(seed)
+    batch, length, regions = len(TEXT_LENGTHS), max(TEXT_LENGTHS), max(REGION_COUNTS)
+    input_ids = np.zeros((batch, length), dtype=np.int64)
+    token_type_ids = np.zeros((batch, length), dtype=np.int64)
+    text_mask = np.zeros((batch, length), dtype=np.int64)
+    mlm_positions = np.zeros((batch, length), dtype=bool)
+    features = np.zeros((batch, regions, config["v_feature_size"]), dtype=np.float32)
+    locations = np.zeros((batch, regions, 5), dtype=np.float32)
+    region_mask = np.zeros((batch, regions), dtype=np.int64)
+    for i, (words, boxes) in enumerate(zip(TEXT_LENGTHS, REGION_COUNTS)):
+        input_ids[i, :words] = rng.integers(1, config["vocab_size"], size=words)
+        text_mask[i, :words] = 1
+        if i == 1:
+            token_type_ids[i, 3:words] = 1
+        mlm_positions[i, rng.choice(np.arange(1, words - 1), size=MLM_PER_SAMPLE, replace=False)] = True
+        features[i, :boxes] = rng.random((boxes, config["v_feature_size"]), dtype=np.float32) * 2.0
+        corners = np.sort(rng.random((boxes, 2, 2), dtype=np.float32), axis=1)   # [box, (min, max), (x, y)]
+        x1, y1, x2, y2 = corners[:, 0, 0], corners[:, 0, 1], corners[:, 1, 0], corners[:, 1, 1]
+        locations[i, :boxes] = np.stack([x1, y1, x2, y2, (x2 - x1) * (y2 - y1)], axis=1)
+        locations[i, 0] = (0.0, 0.0, 1.0, 1.0, 1.0)
+        region_mask[i, :boxes] = 1
+    return {"input_ids": input_ids, "token_type_ids": token_type_ids, "text_mask": text_mask,
+            "mlm_positions": mlm_positions, "features": features, "locations": locations, "region_mask": region_mask}
+
+
+# ---- our side ---------------------------------------------------------------------------------------------------
+
+def our_stages(model, heads, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The converted model's outputs laid out as the runner lays out the authors' (real elements only)."""
+    def t(name: str) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(inputs[name]))
+
+    text_mask, region_mask = t("text_mask").bool(), t("region_mask").bool()
+    recorded: dict[str, torch.Tensor] = {}
+    handles = []
+    for k, layer in enumerate(model.encoder.coattention_layers):
+        def keep(module, args, output, k=k):
+            recorded[f"coattention_{k}_visual"], recorded[f"coattention_{k}_text"] = output
+        handles.append(layer.register_forward_hook(keep))
+    model.eval()
+    heads.eval()
+    try:
+        with torch.no_grad():
+            streams = model.forward_streams(t("input_ids"), t("token_type_ids"), text_mask, t("features"),
+                                            t("locations"), region_mask)
+            out = {"text_embeddings": streams.text_embeddings[text_mask],
+                   "visual_embeddings": streams.visual_embeddings[region_mask]}
+            for name, value in recorded.items():
+                out[name] = value[region_mask] if name.endswith("_visual") else value[text_mask]
+            out.update(text_states=streams.text_states[text_mask], visual_states=streams.visual_states[region_mask],
+                       pooled_text=streams.pooled_text, pooled_visual=streams.pooled_visual,
+                       mlm_logits=heads.mlm(streams.text_states[t("mlm_positions").bool()]),
+                       region_logits=heads.region(streams.visual_states[region_mask]),
+                       alignment_logits=heads.alignment(streams.pooled))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {name: value.numpy() for name, value in out.items()}
+
+
+def load_converted(model_dir: str | os.PathLike):
+    """(model, pre-training heads) of a converted directory, through the registry as the pipeline loads it."""
+    from vlbert_core.models.registry import from_pretrained
+    from vlbert_core.models.vilbert.heads import ViLBertPretrainingHeads, load_vilbert_pretraining_heads
+
+    model = from_pretrained(model_dir)
+    heads = ViLBertPretrainingHeads(model.config, model.word_embeddings())
+    load_vilbert_pretraining_heads(heads, model_dir)
+    return model, heads
+
+
+# ---- stand-in files -----------------------------------------------------------------------------------------------
+
+def write_detector_stand_in(path: str | os.PathLike, feature_width: int, num_classes: int, seed: int = 0) -> Path:
+    """A random detector checkpoint of this project whose RoI features are `feature_width`-d (a one-block-per-stage
+    ResNet-C4, bottleneck when the width allows) with `num_classes` classes incl. background: the visual network a
+    conversion needs when the comparison starts from given region features."""
+    from vlbert_core.detector import build_detector
+    from vlbert_core.utils import atomic_path
+
+    if feature_width % 4 == 0:
+        backbone = {"stage_widths": [8, 8, 16, feature_width // 4], "blocks_per_stage": [1, 1, 1, 1],
+                    "block": "bottleneck"}
+    else:
+        backbone = {"stage_widths": [8, 8, 16, feature_width], "blocks_per_stage": [1, 1, 1, 1], "block": "basic"}
+    config = {"backbone": backbone, "min_size": 64, "max_size": 64, "rpn_post_nms_train": 32, "rpn_post_nms_test": 8,
+              "box_batch_size_per_image": 16}
+    torch.manual_seed(seed)
+    detector = build_detector(config, num_classes - 1)
+    categories = [{"id": i + 1, "name": f"class_{i + 1}"} for i in range(num_classes - 1)]
+    with atomic_path(Path(path)) as tmp:
+        torch.save({"config": config, "categories": categories, "num_classes": num_classes - 1,
+                    "state_dict": detector.state_dict()}, tmp)
+    return Path(path)
+
+
+def convert_stand_in(config: Mapping[str, Any], seed: int, workdir: str | os.PathLike) -> tuple[Path, Path, Path]:
+    """Write the stand-in checkpoint of `config` (authors' keys) with `seed`, its config file and a detector
+    stand-in into `workdir`, and convert them; returns (checkpoint, config file, converted directory)."""
+    from .checkpoint import PUBLISHED_FILE, convert_vilbert, write_stand_in
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    checkpoint, config_file = workdir / PUBLISHED_FILE, workdir / "config.json"
+    write_stand_in(checkpoint, config, seed)
+    config_file.write_text(json.dumps(dict(config), indent=1) + "\n")
+    detector = write_detector_stand_in(workdir / "detector.pt", config["v_feature_size"], config["v_target_size"], seed)
+    out = workdir / "converted"
+    shutil.rmtree(out, ignore_errors=True)
+    convert_vilbert(checkpoint, out, detector=detector, config_path=config_file)
+    return checkpoint, config_file, out
+
+
+# ---- the comparison ---------------------------------------------------------------------------------------------
+
+def run_authors(authors_python: str, authors_repo: Path, config_file: Path, checkpoint: Path, inputs_path: Path,
+                out_path: Path) -> dict[str, np.ndarray]:
+    command = [str(authors_python), str(RUNNER), "--authors-repo", str(authors_repo), "--config", str(config_file),
+               "--checkpoint", str(checkpoint), "--inputs", str(inputs_path), "--out", str(out_path)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"the authors' model failed ({' '.join(command)}):\n{result.stderr[-4000:]}")
+    return load_arrays(out_path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m vlbert_core.convert.vilbert.reference", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--authors-repo", required=True, type=Path,
+                        help="a checkout of facebookresearch/vilbert-multi-task")
+    parser.add_argument("--authors-python", default=sys.executable,
+                        help="the Python of an environment with torch and numpy that runs their vilbert.py "
+                             "(default: this one)")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="the authors'-format config of the checkpoint (default: the released "
+                             "bert_base_6layer_6conect values)")
+    parser.add_argument("--small", action="store_true", help="the small stand-in config of the golden test instead")
+    parser.add_argument("--checkpoint", type=Path, default=None, help="the authors' pretrained_model.bin "
+                                                                      "(default: a stand-in)")
+    parser.add_argument("--detector", type=Path, default=None, help="a detector checkpoint for the conversion "
+                                                                    "(default: a random one of the right widths)")
+    parser.add_argument("--seed", type=int, default=0, help="of the stand-in's values and of the batch")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep the intermediate files here")
+    parser.add_argument("--golden-out", type=Path, default=None, help="write the golden files into this directory")
+    parser.add_argument("--json", type=Path, default=None, help="write the comparison rows as JSON")
+    return parser
+
+
+def verify(args) -> list[dict]:
+    from .checkpoint import RELEASED_CONFIG, convert_vilbert, read_authors_config
+
+    config = dict(SMALL_CONFIG if args.small else RELEASED_CONFIG)
+    if args.config is not None:
+        config = {**RELEASED_CONFIG, **read_authors_config(args.config)}
+    with tempfile.TemporaryDirectory() as scratch:
+        workdir = args.workdir or Path(scratch)
+        workdir.mkdir(parents=True, exist_ok=True)
+        if args.checkpoint is None:
+            checkpoint, config_file, converted = convert_stand_in(config, args.seed, workdir)
+        else:
+            checkpoint, config_file = args.checkpoint, workdir / "config.json"
+            config_file.write_text(json.dumps(config, indent=1) + "\n")
+            detector = args.detector or write_detector_stand_in(workdir / "detector.pt", config["v_feature_size"],
+                                                                config["v_target_size"], args.seed)
+            converted = workdir / "converted"
+            shutil.rmtree(converted, ignore_errors=True)
+            convert_vilbert(checkpoint, converted, detector=detector, config_path=config_file)
+        inputs = reference_inputs(config, args.seed)
+        inputs_path = workdir / "inputs.npz"
+        save_arrays(inputs, inputs_path)
+        theirs = run_authors(args.authors_python, args.authors_repo, config_file, checkpoint, inputs_path,
+                             workdir / "authors.npz")
+        model, heads = load_converted(converted)
+        ours = our_stages(model, heads, inputs)
+        missing = sorted(set(theirs) ^ set(ours))
+        if missing:
+            raise SystemExit(f"stages only one side has: {missing}")
+        rows = compare_stages(ours, theirs)
+        if args.golden_out is not None:
+            args.golden_out.mkdir(parents=True, exist_ok=True)
+            save_arrays(inputs, args.golden_out / INPUTS_FILE)
+            save_arrays(theirs, args.golden_out / OUTPUTS_FILE)
+            record = {"config": config, "seed": args.seed, "tolerance": TOLERANCE,
+                      "largest_differences": {r["stage"]: r["max_abs_diff"] for r in rows}}
+            (args.golden_out / RECORD_FILE).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    rows = verify(args)
+    return report_stages(rows, f"ViLBERT: ours vs the authors' code ({args.checkpoint or 'stand-in'}), fp32 on {os.cpu_count()} CPU cores", TOLERANCE, args.json)
+
+
+if __name__ == "__main__":
+    from vlbert_core.cli import run_command
+
+    sys.exit(run_command(main, "python -m vlbert_core.convert.vilbert.reference"))
