@@ -21,9 +21,12 @@ configfile: workflow.source_path("config/config.yaml")
 # the config files with the one reader (a key given twice is refused) and the merged config against the schema,
 # in one line naming the file and key (vlbert_core/config_schema.py); then Snakemake's validate fills the defaults
 try:
-    check_workflow_config(config, [*workflow.configfiles, *workflow.overwrite_configfiles])
+    check_workflow_config(
+        config, [*workflow.configfiles, *workflow.overwrite_configfiles]
+    )
 except ValueError as err:
-    raise WorkflowError(str(err)) from None  # Snakemake prints a WorkflowError as its message, no traceback
+    # Snakemake prints a WorkflowError as its message, without a traceback
+    raise WorkflowError(str(err)) from None
 validate(config, workflow.source_path("config/schema.yaml"))
 # one task per tasks.custom entry (your own data, docs/own-data.md), before the task names are used
 register_config_tasks(config)

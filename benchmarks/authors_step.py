@@ -128,7 +128,8 @@ def main(argv=None) -> int:
     with np.load(args.inputs, allow_pickle=False) as data:
         inputs = {k: data[k] for k in data.files}
     with tempfile.TemporaryDirectory() as workdir:
-        model, _ = runner.build_model(repo, "pretrain", args.config, args.vocab, workdir)
+        # their pre-training model (the e2e and prec layouts build the same class; args.config says which)
+        model, _ = runner.build_model(repo, runner.LAYOUTS["pretrain-e2e"], args.config, args.vocab, workdir)
     runner.load_checkpoint(model, args.checkpoint)
     model.to(device)
     batch = tuple(x.to(device) for x in step_arguments(inputs))

@@ -262,17 +262,14 @@ def pretraining_samples(rng: np.random.Generator, sizes: Sizes, config: VLBertCo
         seq = build_input_sequence(ids, None, sizes.boxes, cls_id=CLS_ID, sep_id=SEP_ID, pad_id=PAD_ID)
         samples.append({"sequence": seq, "image": random_image(rng, sizes.image_wh),
                         "boxes": random_boxes(rng, sizes.image_wh, sizes.boxes),
-                        "mlm_labels": [IGNORE_INDEX, *labels] + [IGNORE_INDEX] * (len(seq.input_ids) - len(labels) - 1),
+                        "mlm_labels": seq.word_labels(labels),
                         "roi_masked": torch.from_numpy(masked), "roi_selected": torch.from_numpy(selected),
                         "roi_labels": torch.from_numpy(roi_labels), "relationship": IGNORE_INDEX})
-    before = 1 if config.text_only_layout == "bert" else 0   # [CLS] leads a "bert" text-only row
     for _ in range(sizes.pretrain_images * PRETRAIN_TEXT_ROWS // PRETRAIN_IMAGE_ROWS):
         ids, labels = masked_words(rng, word_ids(rng, sizes.text_row_pieces))
         seq = build_input_sequence(ids, None, None, cls_id=CLS_ID, sep_id=SEP_ID, pad_id=PAD_ID,
                                    text_only_layout=config.text_only_layout)
-        mlm = [IGNORE_INDEX] * before + labels
-        samples.append({"sequence": seq, "mlm_labels": mlm + [IGNORE_INDEX] * (len(seq.input_ids) - len(mlm)),
-                        "relationship": IGNORE_INDEX})
+        samples.append({"sequence": seq, "mlm_labels": seq.word_labels(labels), "relationship": IGNORE_INDEX})
     return samples
 
 

@@ -301,7 +301,7 @@ def test_predict_names_what_a_path_is_instead(tmp_path, capsys):
          f"query #0: box 5000,5000,6000,6000 is not inside image {photo} (32 x 24 pixels"),
         (["--model", str(tmp_path / "none"), "--image", str(photo), "--config", str(tmp_path / "folder")],
          f"--config {tmp_path}/folder is a directory, not a file"),
-        (["--model", str(tmp_path / "none"), "--queries", str(tmp_path / "folder")],
+        (["--model", str(tmp_path / "none"), "--image", str(photo), "--queries", str(tmp_path / "folder")],
          f"--queries {tmp_path}/folder is a directory, not a file"),
         (["--model", str(tmp_path / "none"), "--image", str(photo), "--detector", str(tmp_path / "folder")],
          f"--detector {tmp_path}/folder is a directory, not a file"),
@@ -322,6 +322,7 @@ def test_predict_on_cuda_without_cuda_says_how_to_run_on_the_cpu(tmp_path, capsy
     photo = tmp_path / "photo.png"
     Image.new("RGB", (32, 24)).save(photo)
     (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"task": {"name": "vqa"}}))
     assert run_command(predict_main(), PREDICT, ["--model", str(tmp_path / "model"), "--image", str(photo),
                                                  "--text", "a", "--device", "cuda"]) == 1
     line = one_error_line(capsys)
@@ -456,7 +457,7 @@ def test_predict_refuses_nan_weights_and_shapes_that_do_not_match_in_one_line(tu
     line = one_error_line(capsys)
     assert f"{short}/model.safetensors: tensor head." in line and f"[{len(answers)}" in line, line
     assert f"expects [{len(answers) - 1}" in line and f"task.answers (a list of {len(answers) - 1})" in line, line
-    assert "Error(s) in loading state_dict" not in line and len(line) < 400
+    assert "Error(s) in loading state_dict" not in line and "frozen_stages" not in line
 
     # a tensor whose shape was changed in model.safetensors
     changed = tmp_path / "changed"

@@ -75,8 +75,9 @@ def test_bad_value_fails_before_any_job_runs(tmp_path):
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert "Error validating config file" in out
-    assert "['finetune']['vqa']['lr']" in out
+    # one line naming the file and the key (vlbert_core/config_schema.py), not the schema (issue #56)
+    assert f"configfile {tmp_path / 'bad.yaml'}: key finetune.vqa.lr: -0.1 is less than or equal to the minimum of 0" in out
+    assert "Failed validating" not in out and "'properties'" not in out
     assert not (tmp_path / "resources").exists() and not (tmp_path / "results").exists()
 
 

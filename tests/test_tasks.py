@@ -692,7 +692,7 @@ def test_finetune_stopped_by_sigterm_resumes_to_the_straight_run(world, tmp_path
     from safetensors.torch import load_file
     from test_tensorboard import assert_events_match_metrics
 
-    import vlbert_core.tasks.finetune as finetune_module
+    import vlbert_core.training as training_module
     from vlbert_core.preemption import TrainingStopped
 
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
@@ -704,7 +704,7 @@ def test_finetune_stopped_by_sigterm_resumes_to_the_straight_run(world, tmp_path
     assert meta["total_steps"] > meta["steps_per_epoch"] + 1 and not (straight / "checkpoint.pt").exists()
     stop = meta["steps_per_epoch"] + 1  # inside the second epoch: the data order resumes mid-permutation
 
-    class SigtermDuringStep(finetune_module.Progress):
+    class SigtermDuringStep(training_module.Progress):
         """A real SIGTERM to this process while step `stop` is running (the progress bar moves inside the step)."""
 
         def update(self, n=1):
@@ -714,7 +714,7 @@ def test_finetune_stopped_by_sigterm_resumes_to_the_straight_run(world, tmp_path
 
     handler_before = signal.getsignal(signal.SIGTERM)
     with monkeypatch.context() as patched:
-        patched.setattr(finetune_module, "Progress", SigtermDuringStep)
+        patched.setattr(training_module, "Progress", SigtermDuringStep)
         with pytest.raises(TrainingStopped) as stopped:
             _finetune(world, "vqa", interrupted, **hp)
     assert stopped.value.code == 128 + signal.SIGTERM

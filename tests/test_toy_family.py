@@ -37,7 +37,7 @@ from torch import nn
 from vlbert_core.detector.resnet_c4 import ROI_OUTPUT_SIZE, ROI_SAMPLING_RATIO
 from vlbert_core.models.common.batch import ModelBatch
 from vlbert_core.models.common.bert_init import load_bert_mlm_head_state, read_bert_config
-from vlbert_core.models.common.config import (MODEL_KEYS, BertFieldsConfig, bert_fields_from_hf_config, require_keys,
+from vlbert_core.models.common.config import (BertFieldsConfig, ModelBuildKeys, bert_fields_from_hf_config,
                                               visual_backbone)
 from vlbert_core.models.common.encoder import EncoderLayer, bert_encoder_key_map
 from vlbert_core.models.common.heads import AlignmentReadout, MLMHead, load_pretraining_heads
@@ -74,13 +74,13 @@ class ToyConfig(BertFieldsConfig):
 
 
 def build_toy_config(model_cfg, detector_meta, *, tune_frcnn: bool) -> ToyConfig:
-    require_keys(model_cfg, MODEL_KEYS, "model")
+    keys = ModelBuildKeys.from_config(model_cfg)
     backbone, appearance_dim = visual_backbone(model_cfg, detector_meta)
     return ToyConfig(
-        **bert_fields_from_hf_config(read_bert_config(model_cfg["bert_path"]), int(model_cfg["num_hidden_layers"])),
+        **bert_fields_from_hf_config(read_bert_config(keys.bert_path), keys.num_hidden_layers),
         visual_backbone=backbone, appearance_dim=appearance_dim, tune_frcnn=tune_frcnn,
-        frozen_stages=int(model_cfg["frozen_stages"]), freeze_bn=bool(model_cfg["freeze_bn"]),
-        num_object_classes=int(detector_meta["num_classes"]) + 1, bert_path=str(model_cfg["bert_path"]))
+        frozen_stages=keys.frozen_stages, freeze_bn=keys.freeze_bn,
+        num_object_classes=int(detector_meta["num_classes"]) + 1, bert_path=keys.bert_path)
 
 
 class ToyEmbeddings(nn.Module):

@@ -13,10 +13,11 @@ of a config only (a task of your own, one override), so each file and their merg
 schema's `required` lists left out (`read_configs`); what the command reads it checks itself (RunContext, the
 loops' own keys).
 
-Where the schema is: config/schema.yaml of the repository, the one copy. The CLIs find it next to the package
-(`Path(vlbert_core.__file__).parents[1] / "config"`), which is where it is in a checkout and in the editable
-install `uv sync` makes; a wheel built from the checkout carries that same file inside the package as
-`vlbert_core/schema.yaml` (pyproject.toml, hatch `force-include`), which is looked for first.
+Where the schema is: config/schema.yaml of the repository, the one copy (the Snakefile reads it there too). The
+CLIs find it relative to the package (`Path(vlbert_core.__file__).parents[1] / "config"`), which is where it is in
+a checkout and in the editable install `uv sync` makes. A wheel does not carry config/: `vlbert_core/schema.yaml`
+inside the package is looked for first, so that a wheel that packs the same file there (hatch's `force-include`
+of config/schema.yaml as vlbert_core/schema.yaml) validates too; without either, the CLIs fail naming both paths.
 """
 
 from __future__ import annotations

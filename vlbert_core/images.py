@@ -129,9 +129,10 @@ def upright_size(image: Image.Image) -> tuple[int, int]:
 
 
 def _stretched(image: Image.Image, low: float, high: float) -> Image.Image:
-    """A one-band image of any depth mapped linearly from low..high onto 0..255 (mode L)."""
+    """A one-band image of any depth mapped linearly from low..high onto 0..255 (mode L), rounded to the nearest
+    level (Pillow's F -> L conversion truncates, hence the half added)."""
     scale = 255.0 / (high - low) if high > low else 0.0
-    return image.convert("F").point(lambda value: (value - low) * scale).convert("L")
+    return image.convert("F").point(lambda value: (value - low) * scale + 0.5).convert("L")
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

@@ -64,6 +64,7 @@ RESNET101 = {"stem": 64, "planes": [64, 128, 256, 512], "blocks": [3, 4, 23, 3]}
 # 0.5, 1, 2 (test.prototxt); detectron2 ANCHOR_GENERATOR.SIZES [[64, 128, 256, 512]], default ratios.
 ANCHOR_SIZES = [64, 128, 256, 512]
 ASPECT_RATIOS = [0.5, 1.0, 2.0]
+BUA_CELL_ANCHORS = "proposal_generator.anchor_generator.cell_anchors.0"
 
 
 def detect_source(path: str | os.PathLike) -> str:
@@ -406,7 +407,14 @@ def write_released_file(kind: str, tensors: dict[str, torch.Tensor], path: str |
     detectron2/checkpoint/detection_checkpoint.py `_load_file`), bua-caffe torch.save({"model": state dict})."""
     import pickle
 
+    from ..detector.faster_rcnn import caffe_cell_anchors
+
     path = Path(path)
+    if kind == "bua-caffe" and BUA_CELL_ANCHORS not in tensors:
+        # MILVLG's DefaultAnchorGenerator is built from SIZES [[4, 8, 16, 32]] (test-caffe-r101.yaml:6) and reads
+        # its cell anchors from the checkpoint's buffer: without it every anchor is 4-32 px and no proposal
+        # survives RPN_MIN_SIZE 16. The file carries py-faster-rcnn's generate_anchors (scales 4-32 x base 16).
+        tensors = {**tensors, BUA_CELL_ANCHORS: caffe_cell_anchors(ASPECT_RATIOS, [s / 16 for s in ANCHOR_SIZES])}
     if kind == "detectron2-attr":
         with open(path, "wb") as f:
             pickle.dump({"model": {k: v.numpy() for k, v in tensors.items()}, "__author__": "vlbert_core"}, f)

@@ -34,7 +34,8 @@ from pathlib import Path
 
 from vlbert_core.utils import atomic_path
 
-from .api import PredictError, Predictor, check_image_sizes, check_query_images, draw_format, image_cap, url_scheme
+from .api import (PredictError, Predictor, check_image_sizes, check_query_images, draw_format, image_cap,
+                  read_model_task, url_scheme)
 
 DEFAULT_CONFIG = Path("config/config.yaml")
 
@@ -131,9 +132,13 @@ def check_inputs(args: argparse.Namespace) -> None:
 def check_device(device: str) -> None:
     """--device cuda on a machine without CUDA: an error saying how to run on the CPU, before the model loads."""
     if device.startswith("cuda"):
-        import torch
+        if not any(Path("/dev").glob("nvidia[0-9]*")) and not Path("/proc/driver/nvidia").exists():
+            available = False   # no NVIDIA device node: no CUDA, said without importing torch (seconds, 0.5 GB)
+        else:
+            import torch
 
-        if not torch.cuda.is_available():
+            available = torch.cuda.is_available()
+        if not available:
             raise RuntimeError(f"--device {device}: torch sees no CUDA device on this machine; run on the CPU with "
                                f"--device cpu (the default)")
 
@@ -269,6 +274,7 @@ def main(argv: list[str] | None = None) -> dict:
         queries += file_queries(args.queries)
     max_image_pixels = image_cap(config)   # the config's max_image_pixels
     check_query_images(queries, max_image_pixels)   # local files: kind, header, the boxes they are given
+    read_model_task(args.model)   # the model directory and its config.json, before torch is imported
     check_device(args.device)
     predictor = Predictor(args.model, task=args.task, detector=args.detector, config=config, device=args.device,
                           max_image_pixels=max_image_pixels)

@@ -34,7 +34,7 @@ def read_model_task(model_dir: str | os.PathLike) -> str:
     if not model_dir.is_dir():
         raise PredictError(f"model directory {model_dir} is a file, not a directory: give the fine-tune directory "
                            f"(results/finetune/<task>/<setting>/<schedule>) that holds it")
-    from vlbert_core.tasks.finetune import CONFIG_FILE, MODEL_FILE
+    from vlbert_core.models.common.pretrained import CONFIG_FILE, MODEL_FILE  # torch-free: the same names
 
     config_path = model_dir / CONFIG_FILE
     if not config_path.is_file():

@@ -1,10 +1,12 @@
 """Run the authors' VL-BERT (jackroos/VL-BERT) on a reference batch and save its per-stage outputs.
 
 A standalone script for the authors' environment: it imports torch, torchvision, numpy and the authors' code
-(from --repo, a checkout the user downloaded), never this package. `python -m vlbert_core.convert.verify` runs
-it with --authors-python and compares its outputs with ours (reference.py names the stages).
+(from --repo, a checkout the user downloaded), never this package; of this project it reads only the released
+layouts' table (LAYOUTS of ../released_heads.py, plain Python: which model of theirs, which forward arguments,
+which output), from its file. `python -m vlbert_core.convert.verify` runs it with --authors-python and compares
+its outputs with ours (reference.py names the stages).
 
-    PY vlbert_core/convert/authors_runner.py --repo VL-BERT --layout pretrain-e2e --config cfgs/pretrain/...yaml \
+    PY vlbert_core/convert/vlbert/authors_runner.py --repo VL-BERT --layout pretrain-e2e --config cfgs/pretrain/...yaml \
         --checkpoint vl-bert-base-e2e.model --vocab bert-base-uncased/vocab.txt --inputs in.npz --out out.npz
 
 Stand-ins it needs to run their code on a CPU under today's torch (nothing of their code is edited):
@@ -32,10 +34,21 @@ import types
 import numpy as np
 import torch
 
-TASK_MODULES = {"pretrain": ("pretrain", "ResNetVLBERTForPretrainingMultitask"), "vqa": ("vqa", "ResNetVLBERT"),
-                "refcoco": ("refcoco", "ResNetVLBERT"), "vcr": ("vcr", "ResNetVLBERT")}
-LAYOUT_TASKS = {"pretrain-e2e": "pretrain", "pretrain-prec": "pretrain", "vqa": "vqa", "refcoco": "refcoco",
-                "vcr": "vcr"}
+
+def _released_layouts():
+    """vlbert_core/convert/released_heads.py, loaded from its file (it imports the standard library only)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "released_heads.py")
+    spec = importlib.util.spec_from_file_location("_vlbert_released_layouts", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # the dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+_TABLE = _released_layouts()
+LAYOUTS = _TABLE.LAYOUTS   # name -> ReleasedLayout
 
 
 def install_stand_ins() -> None:
@@ -74,9 +87,10 @@ def install_stand_ins() -> None:
     yaml.load = load
 
 
-def build_model(repo: str, task: str, config_file: str, vocab: str, workdir: str):
-    """The authors' model of `task` from their config file, in eval mode, with throwaway initial weights."""
-    package, class_name = TASK_MODULES[task]
+def build_model(repo: str, layout, config_file: str, vocab: str, workdir: str):
+    """The authors' model of `layout` (a ReleasedLayout: its authors_package and authors_class) from their config
+    file, in eval mode, with throwaway initial weights."""
+    package, class_name = layout.authors_package, layout.authors_class
     config_module = importlib.import_module(f"{package}.function.config")
     config_module.update_config(os.path.join(repo, config_file))
     config = config_module.config
@@ -185,21 +199,20 @@ def masked_images(inputs: dict) -> torch.Tensor:
     return images
 
 
-def forward(model, layout: str, inputs: dict) -> dict:
-    """Run the model on the reference batch; returns its outputs (the model's dict)."""
-    precomputed = layout in ("pretrain-prec", "vqa")
+def forward(model, layout, inputs: dict) -> dict:
+    """Run the model on the reference batch of `layout` (a ReleasedLayout); returns its outputs (the model's dict)."""
+    precomputed = layout.precomputed
     images = None if precomputed else masked_images(inputs)
-    if layout.startswith("pretrain"):
+    if layout.inputs == _TABLE.PRETRAINING_INPUTS:
         args = (images, boxes_padded(inputs, -2.0, precomputed), im_info(inputs, True), t(inputs["text"]),
                 torch.ones(inputs["text"].shape[0], dtype=torch.long), t(inputs["mlm_labels"]),
                 t(inputs["mvrc_ops"]), t(inputs["mvrc_labels"]), t(inputs["aux_text"]), t(inputs["aux_mlm_labels"]))
         outputs, _ = model(*args)
         return outputs
-    if layout == "vqa":
-        return model(None, boxes_padded(inputs, -2.0, True), im_info(inputs, False), t(inputs["question"]))
-    if layout == "refcoco":
-        return model(images, boxes_padded(inputs, -2.0), im_info(inputs, False), t(inputs["expression"]))
-    # vcr: boxes [x1, y1, x2, y2, score, class] padded -1; words [id, tag, align] padded -2
+    if layout.inputs == _TABLE.SENTENCE_INPUTS:
+        # VQA (precomputed: no image, the features beside the boxes) and RefCOCO+
+        return model(images, boxes_padded(inputs, -2.0, precomputed), im_info(inputs, False), t(inputs[layout.sentence]))
+    # candidates (VCR): boxes [x1, y1, x2, y2, score, class] padded -1; words [id, tag, align] padded -2
     boxes = torch.full((*inputs["boxes"].shape[:2], 6), -1.0)
     masks = torch.full((*inputs["boxes"].shape[:2], 14, 14), -1.0)
     for i, n in enumerate(inputs["num_boxes"]):
@@ -222,42 +235,40 @@ def forward(model, layout: str, inputs: dict) -> dict:
     return model(images, boxes, masks, question, align_q, answers, align_a, im_info(inputs, True))
 
 
-def stages(layout: str, inputs: dict, outputs: dict, recorded: dict) -> dict[str, np.ndarray]:
-    """The per-stage arrays, laid out as reference.our_outputs lays out ours."""
+def stages(layout, inputs: dict, outputs: dict, recorded: dict) -> dict[str, np.ndarray]:
+    """The per-stage arrays of `layout` (a ReleasedLayout), laid out as reference.our_outputs lays out ours."""
     mask = recorded["mask"]
     out = {"embeddings": recorded["embeddings"][mask].numpy()}
     for name in sorted(k for k in recorded if k.startswith("layer_")):
         out[name] = recorded[name][mask].numpy()
     out["visual_embedding"] = recorded["visual_embedding"].numpy()
     valid = t(np.arange(inputs["boxes"].shape[1])[None, :] < inputs["num_boxes"][:, None])
-    if layout not in ("pretrain-prec", "vqa"):
+    if not layout.precomputed:
         out["appearance"] = recorded["obj_reps_raw"][:, : valid.shape[1]][valid].numpy()
-    if layout.startswith("pretrain"):
+    if layout.pretrained:
         out["mlm_logits_caption"] = outputs["mlm_logits_wvc"][outputs["mlm_label_wvc"] != -1].numpy()
         out["mlm_logits_text"] = outputs["mlm_logits_aux"][outputs["mlm_label_aux"] != -1].numpy()
         selected = t(inputs["mvrc_labels"]).sum(-1) > 0
         out["roi_logits"] = outputs["mvrc_logits"][:, : selected.shape[1]][selected].numpy()
         out["losses"] = np.array([float(outputs["mlm_loss_wvc"]), float(outputs["mlm_loss_aux"]),
                                   float(outputs["mvrc_loss"])])
-    elif layout == "vqa":
-        out["answer_logits"] = outputs["label_logits"].numpy()
-    elif layout == "refcoco":
-        out["box_scores"] = outputs["label_logits"][:, : valid.shape[1]][valid].numpy()
     else:
-        out["choice_scores"] = outputs["label_logits"].numpy()
+        logits = outputs["label_logits"]
+        out[layout.output] = (logits[:, : valid.shape[1]][valid] if layout.per_box else logits).numpy()
     return out
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repo", required=True, help="a checkout of jackroos/VL-BERT")
-    parser.add_argument("--layout", required=True, choices=sorted(LAYOUT_TASKS))
+    parser.add_argument("--layout", required=True, choices=sorted(LAYOUTS))
     parser.add_argument("--config", required=True, help="the authors' config file, relative to --repo")
     parser.add_argument("--checkpoint", required=True, help="the checkpoint, as the authors' trainer saves it")
     parser.add_argument("--vocab", required=True, help="bert-base-uncased's vocab.txt")
     parser.add_argument("--inputs", required=True, help="the reference batch (.npz, reference.py)")
     parser.add_argument("--out", required=True, help="where the per-stage outputs go (.npz)")
     args = parser.parse_args(argv)
+    layout = LAYOUTS[args.layout]
     repo = os.path.abspath(args.repo)
     sys.path.insert(0, repo)
     install_stand_ins()
@@ -265,11 +276,11 @@ def main(argv=None) -> int:
     with np.load(args.inputs, allow_pickle=False) as data:
         inputs = {k: data[k] for k in data.files}
     with tempfile.TemporaryDirectory() as workdir:
-        model, _ = build_model(repo, LAYOUT_TASKS[args.layout], args.config, args.vocab, workdir)
+        model, _ = build_model(repo, layout, args.config, args.vocab, workdir)
     load_checkpoint(model, args.checkpoint)
     recorder = Recorder(model)
-    outputs = forward(model, args.layout, inputs)
-    result = stages(args.layout, inputs, outputs, recorder.outputs)
+    outputs = forward(model, layout, inputs)
+    result = stages(layout, inputs, outputs, recorder.outputs)
     tmp = args.out + ".tmp"
     with open(tmp, "wb") as f:
         np.savez_compressed(f, **result)

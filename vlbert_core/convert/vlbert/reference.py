@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..manifest import Manifest, stand_in_tensors, write_stand_in
-from ..released_heads import LAYOUTS, ReleasedLayout
+from ..released_heads import CANDIDATE_INPUTS, LAYOUTS, PRETRAINING_INPUTS, SENTENCE_INPUTS, ReleasedLayout
 from ..stand_in import alias_overrides
 
 # bert-base-uncased ids of the special tokens (its vocab.txt)
@@ -29,7 +29,7 @@ NUM_REGION_CLASSES = 1601       # released visual_region_classes
 APPEARANCE_DIM = 2048
 IMAGE_SIZES = ((112, 80), (96, 64))   # (W, H) of the two images: different, so padding and im_info matter
 BOXES_PER_IMAGE = (5, 4)               # incl. box 0
-NUM_CANDIDATES = 4                     # VCR
+NUM_CANDIDATES = 4                     # candidate answers per image (CANDIDATE_INPUTS)
 
 
 # ---- stand-in checkpoints with trained-like values ----------------------------------------------------------
@@ -135,60 +135,69 @@ def _precomputed_features(rng: np.random.Generator, out: dict, masked: np.ndarra
     out["features"] = features
 
 
+def _pretraining_batch(rng: np.random.Generator, out: dict, layout: ReleasedLayout) -> np.ndarray:
+    """PRETRAINING_INPUTS: two <caption, image> rows ([CLS] words [SEP], as the authors' dataset gives them) and two
+    text-only rows (word pieces alone, general_corpus.py), masked words and masked RoIs; returns the masked boxes."""
+    captions, caption_labels = zip(*[
+        _mask_words(rng, np.concatenate([[CLS_ID], _word_ids(rng, n), [SEP_ID]]), positions)
+        for n, positions in ((9, [2, 5, 6]), (6, [1, 4]))])
+    texts, text_labels = zip(*[_mask_words(rng, _word_ids(rng, n), positions)
+                               for n, positions in ((14, [0, 3, 9]), (10, [2, 7]))])
+    out["text"], out["mlm_labels"] = _padded(list(captions), PAD_ID), _padded(list(caption_labels), -1)
+    out["aux_text"], out["aux_mlm_labels"] = _padded(list(texts), PAD_ID), _padded(list(text_labels), -1)
+    # masked RoI classification: box 2 of image 0 and box 1 of image 1 masked; box 3 of image 0 chosen but
+    # kept (the authors' 10%); the chosen boxes carry the detector's class distribution as their target
+    ops = np.zeros(out["boxes"].shape[:2], dtype=np.int64)
+    ops[0, 2], ops[1, 1] = 1, 1
+    labels = np.zeros((*ops.shape, NUM_REGION_CLASSES), dtype=np.float32)
+    for i, b in ((0, 2), (1, 1), (0, 3)):
+        labels[i, b] = rng.dirichlet(np.full(NUM_REGION_CLASSES, 0.05)).astype(np.float32)
+    labels /= np.maximum(labels.sum(-1, keepdims=True), 1e-12)
+    out["mvrc_ops"], out["mvrc_labels"] = ops, labels
+    return ops.astype(bool)
+
+
+def _sentence_batch(rng: np.random.Generator, out: dict, layout: ReleasedLayout) -> None:
+    """SENTENCE_INPUTS: one sentence per image, under the layout's `sentence`."""
+    out[layout.sentence] = _padded([_word_ids(rng, n) for n in layout.sentence_lengths], PAD_ID)
+
+
+def _candidates_batch(rng: np.random.Generator, out: dict, layout: ReleasedLayout) -> None:
+    """CANDIDATE_INPUTS: one question per image and its NUM_CANDIDATES answers; a word's tag is the box it refers
+    to: 0 (the whole image) for a plain word, i + 1 for object i, as the authors' vcr.py tags them with the image
+    added as box 0; an object class per box (box 0: the image, class 0) and its 14 x 14 segmentation mask."""
+    questions, question_tags, answers, answer_tags = [], [], [], []
+    for i, n in enumerate(out["num_boxes"]):
+        q = _word_ids(rng, 7 - i)
+        questions.append(q)
+        question_tags.append(np.where(np.arange(len(q)) == 2, 1, 0))
+        cands = [_word_ids(rng, k) for k in (3, 5, 4, 2)]
+        answers.append(_padded(cands, PAD_ID))
+        answer_tags.append(_padded([np.where(np.arange(len(c)) == 1, n - 1, 0) for c in cands], 0))
+    out["question"], out["question_tags"] = _padded(questions, PAD_ID), _padded(question_tags, 0)
+    width = max(a.shape[1] for a in answers)
+    out["answers"] = np.stack([np.pad(a, ((0, 0), (0, width - a.shape[1]))) for a in answers])
+    out["answer_tags"] = np.stack([np.pad(t, ((0, 0), (0, width - t.shape[1]))) for t in answer_tags])
+    out["box_classes"] = rng.integers(1, 81, size=out["boxes"].shape[:2]).astype(np.int64)
+    out["box_classes"][:, 0] = 0
+    masks = (rng.uniform(size=(*out["boxes"].shape[:2], 14, 14)) < 0.7).astype(np.float32)
+    masks[:, 0] = 1.0
+    out["instance_masks"] = masks
+
+
+# ReleasedLayout.inputs -> what the batch holds besides the images and boxes (returns the masked boxes, if any)
+_BATCHES = {PRETRAINING_INPUTS: _pretraining_batch, SENTENCE_INPUTS: _sentence_batch,
+            CANDIDATE_INPUTS: _candidates_batch}
+
+
 def reference_inputs(layout: ReleasedLayout, seed: int = 0) -> dict[str, np.ndarray]:
     """The fixed batch of `layout` as plain arrays (see the module docstring for the conventions)."""
     rng = np.random.default_rng([seed, list(LAYOUTS).index(layout.name)])
     out: dict[str, np.ndarray] = {}
     _images_and_boxes(rng, out)
-    if layout.task is None:
-        # two <caption, image> rows ([CLS] words [SEP], as the authors' dataset gives them) and two text-only
-        # rows (word pieces alone, general_corpus.py)
-        captions, caption_labels = zip(*[
-            _mask_words(rng, np.concatenate([[CLS_ID], _word_ids(rng, n), [SEP_ID]]), positions)
-            for n, positions in ((9, [2, 5, 6]), (6, [1, 4]))])
-        texts, text_labels = zip(*[_mask_words(rng, _word_ids(rng, n), positions)
-                                   for n, positions in ((14, [0, 3, 9]), (10, [2, 7]))])
-        out["text"], out["mlm_labels"] = _padded(list(captions), PAD_ID), _padded(list(caption_labels), -1)
-        out["aux_text"], out["aux_mlm_labels"] = _padded(list(texts), PAD_ID), _padded(list(text_labels), -1)
-        # masked RoI classification: box 2 of image 0 and box 1 of image 1 masked; box 3 of image 0 chosen but
-        # kept (the authors' 10%); the chosen boxes carry the detector's class distribution as their target
-        ops = np.zeros(out["boxes"].shape[:2], dtype=np.int64)
-        ops[0, 2], ops[1, 1] = 1, 1
-        labels = np.zeros((*ops.shape, NUM_REGION_CLASSES), dtype=np.float32)
-        for i, b in ((0, 2), (1, 1), (0, 3)):
-            labels[i, b] = rng.dirichlet(np.full(NUM_REGION_CLASSES, 0.05)).astype(np.float32)
-        labels /= np.maximum(labels.sum(-1, keepdims=True), 1e-12)
-        out["mvrc_ops"], out["mvrc_labels"] = ops, labels
-        if layout.precomputed:
-            _precomputed_features(rng, out, ops.astype(bool))
-    elif layout.task == "vqa":
-        out["question"] = _padded([_word_ids(rng, n) for n in (7, 5)], PAD_ID)
-        _precomputed_features(rng, out, None)
-    elif layout.task == "refcoco":
-        out["expression"] = _padded([_word_ids(rng, n) for n in (6, 4)], PAD_ID)
-    elif layout.task == "vcr_q2a":
-        # VCR runs one question per image; a word's tag is the box it refers to: 0 (the whole image) for a
-        # plain word, i + 1 for object i, as the authors' vcr.py tags them with the image added as box 0
-        questions, question_tags, answers, answer_tags = [], [], [], []
-        for i, n in enumerate(out["num_boxes"]):
-            q = _word_ids(rng, 7 - i)
-            questions.append(q)
-            question_tags.append(np.where(np.arange(len(q)) == 2, 1, 0))
-            cands = [_word_ids(rng, k) for k in (3, 5, 4, 2)]
-            answers.append(_padded(cands, PAD_ID))
-            answer_tags.append(_padded([np.where(np.arange(len(c)) == 1, n - 1, 0) for c in cands], 0))
-        out["question"], out["question_tags"] = _padded(questions, PAD_ID), _padded(question_tags, 0)
-        width = max(a.shape[1] for a in answers)
-        out["answers"] = np.stack([np.pad(a, ((0, 0), (0, width - a.shape[1]))) for a in answers])
-        out["answer_tags"] = np.stack([np.pad(t, ((0, 0), (0, width - t.shape[1]))) for t in answer_tags])
-        # an object class per box (box 0: the image, class 0) and its 14 x 14 segmentation mask
-        out["box_classes"] = rng.integers(1, 81, size=out["boxes"].shape[:2]).astype(np.int64)
-        out["box_classes"][:, 0] = 0
-        masks = (rng.uniform(size=(*out["boxes"].shape[:2], 14, 14)) < 0.7).astype(np.float32)
-        masks[:, 0] = 1.0
-        out["instance_masks"] = masks
-    else:
-        raise ValueError(f"no reference batch for task {layout.task!r}")
+    masked = _BATCHES[layout.inputs](rng, out, layout)
+    if layout.precomputed:
+        _precomputed_features(rng, out, masked)
     return out
 
 
@@ -282,10 +291,7 @@ def pretrain_samples(inputs: dict[str, np.ndarray], image_samples: list[dict], t
         text = _nonzero(inputs["aux_text"][j])
         seq = _sequence(text, None, None, text_only_layout=text_only_layout)
         labels = [int(v) if v >= 0 else IGNORE_INDEX for v in inputs["aux_mlm_labels"][j, : len(text)]]
-        if text_only_layout == "bert":
-            labels = [IGNORE_INDEX] + labels + [IGNORE_INDEX]
-        samples.append({"sequence": seq, "mlm_labels": labels + [IGNORE_INDEX] * (len(seq.input_ids) - len(labels)),
-                        "relationship": IGNORE_INDEX})
+        samples.append({"sequence": seq, "mlm_labels": seq.word_labels(labels), "relationship": IGNORE_INDEX})
     return samples
 
 
@@ -299,6 +305,31 @@ def pretrain_batch(inputs: dict[str, np.ndarray], config):
     return collate_pretrain(pretrain_samples(inputs, _image_samples(inputs, images), config.text_only_layout))
 
 
+def _sentence_samples(layout: ReleasedLayout, inputs: dict[str, np.ndarray], image_samples: list[dict]) -> list[dict]:
+    """SENTENCE_INPUTS: <sentence, image> ([CLS] sentence [SEP]), with VQA's [MASK] as sentence B."""
+    answer = [MASK_ID] if layout.answer_slot else None
+    return [{**s, "sequence": _sequence(_nonzero(inputs[layout.sentence][i]), answer, int(inputs["num_boxes"][i]))}
+            for i, s in enumerate(image_samples)]
+
+
+def _candidate_samples(inputs: dict[str, np.ndarray], image_samples: list[dict]) -> list[dict]:
+    """CANDIDATE_INPUTS: [CLS] question [SEP] answer [SEP] for each candidate of each image, a tagged word taking
+    its box's visual feature, with the image's instance masks."""
+    samples = []
+    for i, s in enumerate(image_samples):
+        n = int(inputs["num_boxes"][i])
+        question = _nonzero(inputs["question"][i])
+        q_tags = inputs["question_tags"][i, : len(question)]
+        for k in range(NUM_CANDIDATES):
+            answer = _nonzero(inputs["answers"][i, k])
+            a_tags = inputs["answer_tags"][i, k, : len(answer)]
+            seq = _sequence(question, answer, n)
+            tags = [0, *q_tags, 0, *a_tags, 0]
+            seq.roi_index[: len(tags)] = [int(t) for t in tags]
+            samples.append({**s, "sequence": seq, "instance_masks": to_torch(inputs["instance_masks"][i, :n])})
+    return samples
+
+
 @torch.no_grad()
 def our_outputs(layout: ReleasedLayout, model_dir: str | Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """This project's per-stage outputs on the reference batch, from the converted model directory `model_dir`:
@@ -309,7 +340,7 @@ def our_outputs(layout: ReleasedLayout, model_dir: str | Path, inputs: dict[str,
     from vlbert_core.models.common.inputs import IGNORE_INDEX, IMG
     from vlbert_core.models.vlbert.model import VLBertModel
 
-    if layout.task is None:
+    if layout.pretrained:
         vlbert = VLBertModel.from_pretrained(model_dir).eval()
         finetuned = None
     else:
@@ -322,7 +353,7 @@ def our_outputs(layout: ReleasedLayout, model_dir: str | Path, inputs: dict[str,
     features = None if not layout.precomputed else to_torch(inputs["features"])
     outputs: dict[str, np.ndarray] = {}
 
-    if layout.task is None:
+    if layout.pretrained:
         from vlbert_core.models.vlbert.pretraining import VLBertForPretraining
         from vlbert_core.pretrain.settings import get_setting
 
@@ -348,37 +379,13 @@ def our_outputs(layout: ReleasedLayout, model_dir: str | Path, inputs: dict[str,
         outputs["losses"] = np.array([float(losses[k]) for k in ("mlm_loss", "mlm_text_loss", "roi_loss")])
         stages, attention, box_valid = recorder.outputs, inputs_b.attention_mask, inputs_b.box_valid
     else:
-        if layout.task == "vqa":
-            samples = [{**s, "sequence": _sequence(_nonzero(inputs["question"][i]), [MASK_ID], int(inputs["num_boxes"][i]))}
-                       for i, s in enumerate(image_samples)]
-        elif layout.task == "refcoco":
-            samples = [{**s, "sequence": _sequence(_nonzero(inputs["expression"][i]), None, int(inputs["num_boxes"][i]))}
-                       for i, s in enumerate(image_samples)]
-        else:
-            samples = []
-            for i, s in enumerate(image_samples):
-                n = int(inputs["num_boxes"][i])
-                question = _nonzero(inputs["question"][i])
-                q_tags = inputs["question_tags"][i, : len(question)]
-                for k in range(NUM_CANDIDATES):
-                    answer = _nonzero(inputs["answers"][i, k])
-                    a_tags = inputs["answer_tags"][i, k, : len(answer)]
-                    seq = _sequence(question, answer, n)
-                    # [CLS] question [SEP] answer [SEP]: a tagged word takes its box's visual feature
-                    tags = [0, *q_tags, 0, *a_tags, 0]
-                    seq.roi_index[: len(tags)] = [int(t) for t in tags]
-                    samples.append({**s, "sequence": seq, "instance_masks": to_torch(inputs["instance_masks"][i, :n])})
-        batch = collate_samples(samples)
+        batch = collate_samples(_candidate_samples(inputs, image_samples) if layout.inputs == CANDIDATE_INPUTS
+                                else _sentence_samples(layout, inputs, image_samples))
         recorder = _StageRecorder(vlbert)
-        if layout.task == "vcr_q2a":
-            output = vlbert.encode(batch, rows_per_image=NUM_CANDIDATES)
-            outputs["choice_scores"] = finetuned.head(output, batch, NUM_CANDIDATES).numpy()
-        else:
-            output = vlbert.encode(batch, roi_features=features)
-            if layout.task == "vqa":
-                outputs["answer_logits"] = finetuned.head(output, batch).numpy()
-            else:
-                outputs["box_scores"] = _boxes_of(finetuned.head(output, batch), batch.box_valid)
+        output = vlbert.encode(batch, roi_features=features, rows_per_image=layout.rows_per_image)
+        # VCR's head scores each image's run of candidate rows
+        scores = finetuned.head(output, batch, *((layout.rows_per_image,) if layout.rows_per_image > 1 else ()))
+        outputs[layout.output] = _boxes_of(scores, batch.box_valid) if layout.per_box else scores.numpy()
         recorder.close()
         stages, attention, box_valid = recorder.outputs, batch.attention_mask, batch.box_valid
 
@@ -387,10 +394,7 @@ def our_outputs(layout: ReleasedLayout, model_dir: str | Path, inputs: dict[str,
         outputs[name] = _real_positions(stages[name], attention)
     # the rows of the images: VCR's visual network ran once per image (every 4th row), pre-training's on the
     # caption rows (the first ones)
-    if layout.task == "vcr_q2a":
-        image_rows = torch.arange(0, box_valid.shape[0], NUM_CANDIDATES)
-    else:
-        image_rows = torch.arange(len(inputs["num_boxes"]))
+    image_rows = torch.arange(len(inputs["num_boxes"])) * layout.rows_per_image
     outputs["visual_embedding"] = _boxes_of(stages["visual_embedding"][image_rows], box_valid[image_rows])
     if not layout.precomputed:
         outputs["appearance"] = _boxes_of(stages["appearance"], box_valid[image_rows])

@@ -16,8 +16,6 @@ BERT_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_he
 # task heads' layer structure (vlbert_core/tasks/modeling, HeadSpec.layout)
 TASK_HEAD_LAYOUTS = ("project", "released")
 # the run config's `model:` keys every config builder reads
-MODEL_KEYS = ("bert_path", "num_hidden_layers", "geometry_dim", "max_rois", "image_max_side", "frozen_stages",
-              "freeze_bn")
 
 
 @dataclass
@@ -92,24 +90,39 @@ def visual_pixel_format(config) -> str:
 
 # ---- what a config builder takes from the run (a Family's config_builder) --------------------------------
 
-def require_keys(cfg: Mapping[str, Any], keys: tuple[str, ...], section: str) -> None:
-    missing = [k for k in keys if k not in cfg]
-    if missing:
-        raise KeyError(f"config section '{section}' lacks keys {missing}")
+@dataclass(frozen=True)
+class ModelBuildKeys:
+    """The keys of the config's `model:` section that every family's config builder reads, typed once: a
+    missing key or a value of the wrong kind is an error naming it (typed_settings.read_fields)."""
+
+    bert_path: str
+    num_hidden_layers: int
+    geometry_dim: int
+    max_rois: int
+    image_max_side: int
+    frozen_stages: int
+    freeze_bn: bool
+    visual_head_dilation: int | None = None
+    visual_stem_pool: str | None = None
+
+    @classmethod
+    def from_config(cls, mapping: Mapping[str, Any], where: str = "model") -> "ModelBuildKeys":
+        return cls(**read_fields(cls, mapping, where))
 
 
 def visual_backbone(model_cfg: Mapping[str, Any], detector_meta: Mapping[str, Any]) -> tuple[dict, int]:
     """(the visual network's backbone config, its RoI feature size): the detector's, with the config's changes."""
     from vlbert_core.detector.resnet_c4 import build_resnet_c4
 
+    keys = ModelBuildKeys.from_config(model_cfg)
     backbone = {k: v for k, v in dict(detector_meta["config"]["backbone"]).items() if k != "init_weights"}
-    if model_cfg.get("visual_head_dilation") is not None:
+    if keys.visual_head_dilation is not None:
         # released: the detector's stage 5 re-used per RoI at stride 1, dilation 2 (IMAGE_C5_DILATED)
-        backbone["head_dilation"] = int(model_cfg["visual_head_dilation"])
-    if model_cfg.get("visual_stem_pool") is not None:
+        backbone["head_dilation"] = keys.visual_head_dilation
+    if keys.visual_stem_pool is not None:
         # released: VL-BERT's own ResNet pools its stem the torchvision way, though its weights are the Caffe
         # detector's (resnet101-pt-vgbua)
-        backbone["stem_pool"] = str(model_cfg["visual_stem_pool"])
+        backbone["stem_pool"] = keys.visual_stem_pool
     _, _, _, appearance_dim = build_resnet_c4(backbone)
     return backbone, appearance_dim
 
@@ -119,7 +132,7 @@ def visual_backbone(model_cfg: Mapping[str, Any], detector_meta: Mapping[str, An
 @dataclass(frozen=True)
 class ModelSettings:
     """What the loops read of the config's `model:` section (the input sizes); `section` is the section as
-    given, which the family's config builder reads (MODEL_KEYS and its own keys) and the resume fingerprints
+    given, which the family's config builder reads (ModelBuildKeys and its own keys) and the resume fingerprints
     hash exactly as written (to_fingerprint)."""
 
     max_rois: int

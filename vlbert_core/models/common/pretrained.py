@@ -36,8 +36,8 @@ def read_config(directory: str | os.PathLike) -> tuple[str, dict]:
 
 
 def _config_fields_of_size(config_path: str | os.PathLike, size: int) -> list[str]:
-    """The fields of a config.json that set a tensor dimension of `size`: a list of that length (an answer list,
-    class names, labels) first, then an integer of that value (a class count, a width); [] when it cannot be read."""
+    """The fields of a config.json that set a tensor dimension of `size`: the lists of that length (an answer list,
+    class names, labels), else the integers of that value (a class count, a width); [] when it cannot be read."""
     try:
         config = json.loads(Path(config_path).read_text())
     except (OSError, ValueError):
@@ -55,7 +55,7 @@ def _config_fields_of_size(config_path: str | os.PathLike, size: int) -> list[st
             numbers.append(f"{where} = {size}")
 
     walk(config, "")
-    return lists + numbers
+    return lists or numbers
 
 
 def check_state_shapes(module, state: Mapping[str, Any], weights_path: str | os.PathLike,

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Mapping
 from vlbert_core.detector.resnet_c4 import ROI_OUTPUT_SIZE, ROI_SAMPLING_RATIO
 
 from ..common.bert_init import read_bert_config
-from ..common.config import (MODEL_KEYS, TASK_HEAD_LAYOUTS, BertFieldsConfig, bert_fields_from_hf_config, require_keys,
+from ..common.config import (TASK_HEAD_LAYOUTS, BertFieldsConfig, ModelBuildKeys, bert_fields_from_hf_config,
                              visual_backbone)
 
 MODEL_TYPE = "vilbert"
@@ -117,16 +117,16 @@ def build_vilbert_config(model_cfg: Mapping[str, Any], detector_meta: Mapping[st
                          tune_frcnn: bool) -> ViLBertConfig:
     """ViLBertConfig from the config's `model:` section (its `vilbert:` sizes), the BERT checkpoint (the text
     stream, cut to num_hidden_layers as VL-BERT's) and the detector checkpoint (the same visual network)."""
-    require_keys(model_cfg, MODEL_KEYS, "model")
+    keys = ModelBuildKeys.from_config(model_cfg)
     backbone, appearance_dim = visual_backbone(model_cfg, detector_meta)
-    bert = read_bert_config(model_cfg["bert_path"])
+    bert = read_bert_config(keys.bert_path)
     return ViLBertConfig(
-        **bert_fields_from_hf_config(bert, int(model_cfg["num_hidden_layers"])),
+        **bert_fields_from_hf_config(bert, keys.num_hidden_layers),
         type_vocab_size=int(bert.get("type_vocab_size", 2)),
         **dict(model_cfg.get("vilbert") or {}),
         visual_backbone=backbone, appearance_dim=appearance_dim,
         num_object_classes=int(detector_meta["num_classes"]) + 1,  # + background, as in the RoI class scores
-        tune_frcnn=tune_frcnn, frozen_stages=int(model_cfg["frozen_stages"]), freeze_bn=bool(model_cfg["freeze_bn"]),
-        bert_path=str(model_cfg["bert_path"]),
+        tune_frcnn=tune_frcnn, frozen_stages=keys.frozen_stages, freeze_bn=keys.freeze_bn,
+        bert_path=keys.bert_path,
         **{k: model_cfg[k] for k in ("roi_sampling_ratio", "task_heads") if model_cfg.get(k) is not None},
     )

@@ -7,8 +7,10 @@ from typing import Any, ClassVar, Mapping
 
 from vlbert_core.detector.resnet_c4 import ROI_OUTPUT_SIZE, ROI_SAMPLING_RATIO
 
+from vlbert_core.typed_settings import read_fields
+
 from ..common.bert_init import read_bert_config
-from ..common.config import (MODEL_KEYS, TASK_HEAD_LAYOUTS, BertFieldsConfig, bert_fields_from_hf_config, require_keys,
+from ..common.config import (TASK_HEAD_LAYOUTS, BertFieldsConfig, ModelBuildKeys, bert_fields_from_hf_config,
                              visual_backbone)
 from ..common.inputs import TEXT_ONLY_LAYOUTS
 
@@ -119,16 +121,30 @@ class VLBertConfig(BertFieldsConfig):
 
 def build_vlbert_config(model_cfg: Mapping[str, Any], detector_meta: Mapping[str, Any], *, tune_frcnn: bool) -> VLBertConfig:
     """VLBertConfig from the config's `model:` section, the BERT checkpoint and the detector checkpoint."""
-    require_keys(model_cfg, MODEL_KEYS, "model")
+    keys, own = ModelBuildKeys.from_config(model_cfg), VLBertModelKeys.from_config(model_cfg)
     backbone, appearance_dim = visual_backbone(model_cfg, detector_meta)
     return VLBertConfig(
-        **bert_fields_from_hf_config(read_bert_config(model_cfg["bert_path"]), int(model_cfg["num_hidden_layers"])),
-        visual_backbone=backbone, appearance_dim=appearance_dim, geometry_dim=int(model_cfg["geometry_dim"]),
+        **bert_fields_from_hf_config(read_bert_config(keys.bert_path), keys.num_hidden_layers),
+        visual_backbone=backbone, appearance_dim=appearance_dim, geometry_dim=keys.geometry_dim,
         num_object_classes=int(detector_meta["num_classes"]) + 1,  # + background, as in the RoI class scores
-        tune_frcnn=tune_frcnn, frozen_stages=int(model_cfg["frozen_stages"]), freeze_bn=bool(model_cfg["freeze_bn"]),
-        bert_path=str(model_cfg["bert_path"]),
-        visual_scale_text_init=float(model_cfg.get("visual_scale_text_init", 0.0)),
-        visual_scale_object_init=float(model_cfg.get("visual_scale_object_init", 0.0)),
-        standardise_appearance=bool(model_cfg.get("standardise_appearance", False)),
+        tune_frcnn=tune_frcnn, frozen_stages=keys.frozen_stages, freeze_bn=keys.freeze_bn,
+        bert_path=keys.bert_path,
+        visual_scale_text_init=own.visual_scale_text_init,
+        visual_scale_object_init=own.visual_scale_object_init,
+        standardise_appearance=own.standardise_appearance,
         **{k: model_cfg[k] for k in RELEASED_OPTION_KEYS if model_cfg.get(k) is not None},
     )
+
+
+@dataclass(frozen=True)
+class VLBertModelKeys:
+    """VL-BERT's own keys of the `model:` section (the visual term's initial scales, the appearance
+    standardisation), typed."""
+
+    visual_scale_text_init: float = 0.0
+    visual_scale_object_init: float = 0.0
+    standardise_appearance: bool = False
+
+    @classmethod
+    def from_config(cls, mapping: Mapping[str, Any], where: str = "model") -> "VLBertModelKeys":
+        return cls(**read_fields(cls, mapping, where))
