@@ -647,7 +647,7 @@ def ab_rows(args, cfg: dict, sizes: Sizes, device: torch.device) -> list[dict]:
 def weights_after(workload_name: str, switches: Switches, cfg: dict, sizes: Sizes, steps: int,
                   seed: int = 0) -> dict[str, torch.Tensor]:
     """The trainable weights after `steps` steps of a workload on the CPU in fp32, from seed `seed`: equal for
-    a switch that computes what today's code does (tests/test_benchmark_gpu.py)."""
+    a switch that computes what today's code does (tests/benchmarks/test_benchmark_gpu.py)."""
     torch.manual_seed(seed)
     workload = WORKLOADS[workload_name](cfg, sizes, torch.device("cpu"), switches)
     step = workload.step_at(1)

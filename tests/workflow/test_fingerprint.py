@@ -7,7 +7,7 @@ import pytest
 
 from vlbert_core.fingerprint import code_files, code_fingerprint, task_family
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 JOBS = {  # (script, task) of the jobs whose fingerprints the edits below are checked against
     "download_cc": ("download_cc", None),
     "pretrain": ("pretrain", None),

@@ -1,6 +1,6 @@
 """Faults of a long run, made to happen for real (issue #36, docs/reliability.md): a second `snakemake` in a
 directory where one is running, a damaged checkpoint, SIGTERM to a pre-training process. A DDP rank killed with
-kill -9 is in tests/test_ddp.py, SLURM's requeue in tests/test_slurm.py."""
+kill -9 is in tests/pretrain/test_ddp.py, SLURM's requeue in tests/workflow/test_slurm.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`python -m vlbert_core.predict` and its `Predictor` API on tiny fine-tuned models of the tasks' world
-(tests/test_tasks.py): the three tasks' answers, the same answers as the evaluation's predictions,
+(tests/tasks/test_tasks.py): the three tasks' answers, the same answers as the evaluation's predictions,
 image URLs on a loopback server, and the errors a user meets."""
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from vlbert_core.convert.stand_in import write_bert_stand_in
 from vlbert_core.convert.verify import INPUTS_FILE, NUMBERS_FILE, TOLERANCE, convert_files, write_stand_in_files
 from vlbert_core.convert.vlbert.reference import our_outputs
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 GOLDEN, MANIFESTS = DATA / "golden", MANIFEST_DIR
 
 

@@ -21,7 +21,7 @@ from vlbert_core.convert.stages import load_arrays
 from vlbert_core.convert.vilbert.reference import (INPUTS_FILE, OUTPUTS_FILE, RECORD_FILE, TOLERANCE, convert_stand_in,
                                                    load_converted, our_stages)
 
-GOLDEN = Path(__file__).parent / "data" / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
 
 
 @pytest.fixture(scope="module")

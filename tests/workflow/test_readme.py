@@ -7,7 +7,7 @@ are joined) or from an inline code span that starts with `uv run` or `python`. L
 block that are not commands (`export ...`, `D=$(mktemp -d) ...`) run before the block's commands
 that follow them, as they would in the user's shell. Each command
 runs under bash in a copy of the repository that holds empty stand-ins for the files a user obtains
-by hand (tests/test_config.py lists them), through `uv run` on this environment:
+by hand (tests/workflow/test_config.py lists them), through `uv run` on this environment:
 
 - `snakemake` commands run exactly as written plus `-n` (a dry run plans every job, submits none,
   also with `--profile profiles/slurm`); `--report` needs a finished run, so there the command must
@@ -37,7 +37,7 @@ import pytest
 
 from test_config import hand_obtained_inputs, load, merged
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "Snakefile",
              *sorted((REPO / "config").glob("*.yaml")), *sorted((REPO / "profiles").glob("*/config.yaml"))]
 SHELL_LANGUAGES = {"", "bash", "sh", "shell", "console"}

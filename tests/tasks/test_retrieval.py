@@ -53,7 +53,7 @@ def _write_rois(path: Path, keys: list[str]) -> None:
 
 @pytest.fixture(scope="module")
 def flickr_world(module_tmp_path):
-    """The tiny world of tests/test_world.py with Flickr30k (6 train, 1 val, 4 test images), RoI parquets of its
+    """The tiny world of tests/world/test_world.py with Flickr30k (6 train, 1 val, 4 test images), RoI parquets of its
     train and test images, and a tiny pre-trained model of each family."""
     import torch
 

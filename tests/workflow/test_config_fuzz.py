@@ -24,7 +24,7 @@ import pytest
 import yaml
 from snakemake.utils import validate
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCHEMA = str(REPO / "config" / "schema.yaml")
 NUM_MUTATIONS = 240
 SEED = 20261125

@@ -317,7 +317,7 @@ def test_the_config_key_is_validated_and_defaults_to_the_same_cap():
     import yaml
     from snakemake.utils import validate
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     schema = str(repo / "config" / "schema.yaml")
     config = yaml.safe_load((repo / "config" / "config.yaml").read_text())
     del config[MAX_PIXELS_KEY]

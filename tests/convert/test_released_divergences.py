@@ -1,12 +1,12 @@
 """The places where a converted released VL-BERT used to compute something else than the authors' code
 (issue: "The authors' released VL-BERT, computed exactly"), each checked against the authors' own numbers, worked
-out by hand from their code (jackroos/VL-BERT at 4373674). tests/test_golden_released.py checks the whole models.
+out by hand from their code (jackroos/VL-BERT at 4373674). tests/convert/test_golden_released.py checks the whole models.
 
 1. geometry divided by the image size (im_info), box 0 = [0, 0, W0 - 1, H0 - 1] scaled and clamped;
-2. a text-only row: word pieces then [END] at position id T + 1 (tests/test_released_architecture.py);
+2. a text-only row: word pieces then [END] at position id T + 1 (tests/models/test_released_architecture.py);
 3. prec: a masked RoI's feature replaced by object_mask_visual_embedding;
 4. the released image size: shorter side 600, longer at most 1000;
-5. the pre-training heads kept by the converter and continued from (tests/test_pretrain.py);
+5. the pre-training heads kept by the converter and continued from (tests/pretrain/test_pretrain.py);
 6. docs/real-data.md: converting a prec checkpoint needs the visual weights;
 7. the fp16 checkpoints are fp16 throughout.
 """
@@ -32,7 +32,7 @@ from vlbert_core.models.vlbert.embeddings import VisualFeatureEmbedding
 from vlbert_core.models.vlbert.heads import HEAD_NAMES
 from vlbert_core.models.vlbert.model import VLBertModel
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = MANIFEST_DIR
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CI_CONFIG = REPO / "config" / "ci.yaml"
 TARGET = "results/tables/table4_ablation.csv"
 REPORT = "results/report/index.html"

@@ -1,5 +1,5 @@
 """StopSignals' end-of-step answer, which both training loops (pre-training and fine-tuning) act on. The loops
-themselves are stopped for real in tests/test_faults.py and tests/test_tasks.py."""
+themselves are stopped for real in tests/workflow/test_faults.py and tests/tasks/test_tasks.py."""
 
 from __future__ import annotations
 

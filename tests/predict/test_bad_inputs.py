@@ -3,7 +3,7 @@ or one line naming the file or key, exit status 1 (2 for arguments), no tracebac
 
 The image cases check the decoded pixels of the one decoder (vlbert_core/images.py `load_rgb`) everywhere it is
 used; the model cases run `python -m vlbert_core.predict` on tiny fine-tunes of the tasks' world
-(tests/test_tasks.py), as tests/test_predict.py does.
+(tests/tasks/test_tasks.py), as tests/predict/test_predict.py does.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from vlbert_core.pretrain.launch import (DistributedRunFailed, Launch, distribut
                                         run_distributed)
 from vlbert_core.tensorboard_log import EVENTS_DIR
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # Both runs see the same global batch of 8 samples a step: one process runs the two data streams itself
 # (4 + 4 samples), each of the two ranks runs one stream (2 + 2 samples).

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from snakemake.utils import validate
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCHEMA = str(REPO / "config" / "schema.yaml")
 
 

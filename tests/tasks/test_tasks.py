@@ -21,7 +21,7 @@ from vlbert_core.tasks import vcr as vcr_lib
 from vlbert_core.tasks import vqa as vqa_lib
 from vlbert_core.tasks.common import load_task_image, scale_boxes
 
-# ---------------------------------------------------------------- VQA files (the metric: tests/test_metrics.py)
+# ---------------------------------------------------------------- VQA files (the metric: tests/tasks/test_metrics.py)
 
 
 def _vqa_files(tmp_path: Path, split: str = "train"):
@@ -768,7 +768,7 @@ def test_derive_eval_script_scores_q2ar_without_torch(tmp_path):
     code = ("import sys, runpy; sys.argv = ['x']; "
             "runpy.run_path('workflow/scripts/derive_eval.py', run_name='not_main'); "
             "assert 'torch' not in sys.modules, 'torch imported'")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
 def test_derived_eval_tasks_come_from_the_registry():
@@ -820,7 +820,7 @@ def test_evaluate_script_needs_no_torch():
 
     code = ("import sys, runpy; runpy.run_path('workflow/scripts/evaluate.py', run_name='not_main'); "
             "assert 'torch' not in sys.modules, 'torch imported'")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
 def test_finetune_starts_from_a_converted_released_model(world, tmp_path):

@@ -25,7 +25,7 @@ import pytest
 
 from vlbert_core.stats import format_p_value, mcnemar_exact
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "own-data.md"
 README = REPO / "README.md"
 # What decides the example's numbers beyond the default config: the files of the example itself.

@@ -10,7 +10,7 @@ import pytest
 
 from vlbert_core.pretrain.launch import RENDEZVOUS_PORT, Launch, distributed_command, pretrain_arguments
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ARGS = pretrain_arguments(setting="full", config_file="out/launch_config.yaml", cc_shards=["a.tar", "b.tar"],
                           roi_parquets=["a.parquet", "b.parquet"], text_shards=[], detector="det.pt", out_dir="out")
 

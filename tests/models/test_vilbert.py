@@ -1,6 +1,6 @@
 """ViLBERT, the second model family: its config, its forward on VL-BERT's batches, initialisation from a local
 BERT, saving and loading through the registry, the pre-training heads and the converter's key accounting.
-(That the converted model computes what the authors' code computes: tests/test_golden_vilbert.py.)"""
+(That the converted model computes what the authors' code computes: tests/convert/test_golden_vilbert.py.)"""
 
 from __future__ import annotations
 

@@ -166,7 +166,7 @@ def test_config_validation_asks_the_registry(toy_task):
     import yaml
     from snakemake.utils import validate
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     config = yaml.safe_load((repo / "config" / "config.yaml").read_text())
     validate(config, str(repo / "config" / "schema.yaml"))
     config["sources"]["toy"] = {"pairs": "pairs_{split}.jsonl", "images": "images"}

@@ -18,7 +18,7 @@ from vlbert_core.tasks import registry
 from vlbert_core.tasks.custom import CustomSpec, accuracy, macro_f1, read_checked_rows
 from vlbert_core.tasks.custom_rows import check_rows
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOWNLOAD = {"allow_file_urls": True, "retries": 0}
 
 

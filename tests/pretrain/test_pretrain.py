@@ -667,7 +667,7 @@ def test_workflow_script(world, tmp_path):
     import importlib.util
     from types import SimpleNamespace
 
-    spec = importlib.util.spec_from_file_location("pretrain_script", Path(__file__).parents[1] / "workflow/scripts/pretrain.py")
+    spec = importlib.util.spec_from_file_location("pretrain_script", Path(__file__).parents[2] / "workflow/scripts/pretrain.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     out = tmp_path / "pretrain" / "b"

@@ -8,7 +8,7 @@ Snakemake twice inside SLURM, and the plugin polls job states every few seconds.
 pre-training job is requeued with `scontrol requeue` (what SLURM does at preemption): it must stop on SIGTERM
 with a checkpoint and resume from it. So it runs only with VLBERT_SLURM_TEST=1, as its own step of .ci/run:
 
-    VLBERT_SLURM_TEST=1 uv run pytest tests/test_slurm.py
+    VLBERT_SLURM_TEST=1 uv run pytest tests/workflow/test_slurm.py
 
 The profile asks for GPUs, GPU partitions and GPU-sized memory; the test node has 2 CPUs and no GPU.
 The test, not the profile, overrides exactly that: gpu=0, and memory requests capped at half the node's.
@@ -27,7 +27,7 @@ import pytest
 import yaml
 from snakemake.profiles import ProfileConfigFileParser
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SLURM_PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
 DEFAULT_PROFILE = REPO / "profiles" / "default" / "config.yaml"
 CI_CONFIG = REPO / "config" / "ci.yaml"
@@ -35,7 +35,7 @@ START, STOP = REPO / ".ci" / "slurm" / "start.sh", REPO / ".ci" / "slurm" / "sto
 TABLES = ["table1_vcr", "table2_vqa", "table3_refcoco", "table4_ablation"]
 TARGETS = ["results/tables/table4_ablation.csv", "results/report/index.html"]
 # The rules the profile sends to GPU nodes (import_* only exist for configs with bottom-up TSVs). pretrain's
-# GPU count is the rule's own: it follows the config's pretrain.launch (tests/test_launch.py).
+# GPU count is the rule's own: it follows the config's pretrain.launch (tests/pretrain/test_launch.py).
 GPU_RULES = {"train_detector", "extract_rois", "extract_task_rois", "import_rois", "import_task_rois", "finetune",
              "pretrain"}
 # The partitions and account of .ci/slurm/start.sh's cluster (no accounting database: any account passes).

@@ -17,7 +17,7 @@ import pytest
 
 from vlbert_core.cli import run_command, run_script
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def command(module: str):
