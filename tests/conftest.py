@@ -212,3 +212,15 @@ def no_proxy(monkeypatch):
     """Loopback requests in tests must not be routed through a proxy set in the environment."""
     for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked `gpu` need a CUDA device: without one they are skipped, saying so."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device (marker gpu)"))

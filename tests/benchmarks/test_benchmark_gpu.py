@@ -217,6 +217,7 @@ def test_the_gpu_session_dry_run_prints_its_steps_within_the_budget():
     assert "--configfile" in out and "config/rehearsal_gpu.yaml" in out
 
 
+@pytest.mark.workflow
 def test_the_gpu_rehearsal_config_validates_and_plans_the_whole_dag(tmp_path):
     from snakemake.utils import validate
     from test_config import SCHEMA, load, merged

@@ -73,6 +73,7 @@ def _planned_resources(tmp_path: Path, launch: str, device: str) -> str:
     return next(line for line in block.splitlines() if "resources:" in line)
 
 
+@pytest.mark.workflow
 def test_pretrain_job_asks_slurm_for_the_launch(tmp_path):
     one_gpu = _planned_resources(tmp_path, "{nodes: 1, processes_per_node: 1}", "cuda")
     assert "nodes=1" in one_gpu and "gpu=1" in one_gpu and "mpi=" not in one_gpu

@@ -176,6 +176,7 @@ def test_the_custom_task_fine_tunes_predicts_and_scores(custom_task, tmp_path):
     assert np.isfinite(rows[0]["macro_f1"])
 
 
+@pytest.mark.workflow
 def test_the_example_config_plans_the_custom_table(tmp_path):
     """Dry run of config/own_data_example.yaml in an empty directory: the custom table's DAG plans,
     from the world's example data through RoIs, two fine-tunes and their evaluations."""

@@ -24,6 +24,8 @@ import pytest
 import yaml
 from snakemake.utils import validate
 
+pytestmark = pytest.mark.workflow
+
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = str(REPO / "config" / "schema.yaml")
 NUM_MUTATIONS = 240

@@ -8,7 +8,10 @@ import subprocess
 import sys
 import time
 
+import pytest
 from test_workflow import CI_CONFIG, REPO
+
+pytestmark = pytest.mark.workflow
 
 TARGET = "results/detector/model.pt"  # rules world and train_detector: about a minute on config/ci.yaml
 

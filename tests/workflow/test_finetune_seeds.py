@@ -12,6 +12,8 @@ from vlbert_core.stats import mcnemar_exact, paired_bootstrap
 from vlbert_core.tables.finetune_seeds import columns, finetune_seed_dir, write_finetune_seed_table
 from vlbert_core.tasks.registry import task_of_eval
 
+pytestmark = pytest.mark.workflow
+
 SETTINGS = ["none", "full"]
 SEEDS = [0, 1, 2]
 N = 40

@@ -15,6 +15,8 @@ from vlbert_core.tables.retrieval import write_retrieval_table, zero_shot_eval_p
 from vlbert_core.tables.seeds import seed_results_dir
 from vlbert_core.tasks.registry import comparison_columns, task_of_eval
 
+pytestmark = pytest.mark.workflow
+
 SEEDS = [0, 1]
 COLUMNS = comparison_columns()
 EXAMPLES = 40

@@ -37,6 +37,8 @@ import pytest
 
 from test_config import hand_obtained_inputs, load, merged
 
+pytestmark = pytest.mark.workflow
+
 REPO = Path(__file__).resolve().parents[2]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "Snakefile",
              *sorted((REPO / "config").glob("*.yaml")), *sorted((REPO / "profiles").glob("*/config.yaml"))]

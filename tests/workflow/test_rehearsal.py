@@ -4,10 +4,13 @@ docs/rehearsal.md; here the config is checked, the whole DAG planned, and its re
 
 import json
 
+import pytest
 import torch
 from snakemake.utils import validate
 from test_config import REPO, SCHEMA, load, merged
 from test_workflow import TARGET, planned_rules, snakemake
+
+pytestmark = pytest.mark.workflow
 
 REHEARSAL = REPO / "config" / "rehearsal.yaml"
 # the released architecture's model options, which the rehearsal must share with config/paper_base.yaml

@@ -11,6 +11,8 @@ from test_workflow import CI_CONFIG, REPO, planned_rules, snakemake
 from vlbert_core.tables import table_specs
 from vlbert_core.tables.seeds import TABLE4_CLAIMS, check_claims, seed_results_dir, write_seed_table
 
+pytestmark = pytest.mark.workflow
+
 SETTINGS = ["none", "a", "b", "c", "d", "full"]
 SEEDS = [0, 1, 2]
 COLUMNS = table_specs()["table4_ablation"].measured_columns()

@@ -27,6 +27,8 @@ import pytest
 import yaml
 from snakemake.profiles import ProfileConfigFileParser
 
+pytestmark = pytest.mark.workflow
+
 REPO = Path(__file__).resolve().parents[2]
 SLURM_PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
 DEFAULT_PROFILE = REPO / "profiles" / "default" / "config.yaml"

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.workflow
+
 REPO = Path(__file__).resolve().parents[2]
 CI_CONFIG = REPO / "config" / "ci.yaml"
 TARGET = "results/tables/table4_ablation.csv"

@@ -206,6 +206,14 @@ def inclusive_corners(boxes: Tensor) -> Tensor:
     return torch.cat([boxes[..., :2], boxes[..., 2:] + 1.0], dim=-1)
 
 
+def legacy_nms_threshold(threshold: float) -> float:
+    """The threshold at which torchvision's NMS (suppress at IoU > t, the fp32 IoU compared in double)
+    suppresses as Caffe's and MILVLG's `nms_cpu` do (IoU >= t, both in fp32): the largest float32 below
+    float32(t). Near-grid boxes (a random or young RPN's proposals are anchors shifted by 16 px) meet
+    IoU == 0.7f exactly."""
+    return float(np.nextafter(np.float32(threshold), np.float32(0.0)))
+
+
 def uses_legacy_boxes(model: nn.Module) -> bool:
     """Whether a detector built by build_detector uses caffe_legacy box coding."""
     return isinstance(model.roi_heads.box_coder, LegacyBoxCoder)
@@ -303,12 +311,15 @@ class LegacyRegionProposalNetwork(TopProposalsRPN):
             min_side = self.min_size_original * scale
             keep = ((boxes[:, 2] - boxes[:, 0] + 1 >= min_side) & (boxes[:, 3] - boxes[:, 1] + 1 >= min_side))
             boxes, logits = boxes[keep], logits[keep]
-            order = torch.sort(logits, descending=True, stable=True).indices[: self.pre_nms_top_n()]
-            boxes, logits = boxes[order], logits[order]
-            keep = first_nms_survivors(inclusive_corners(boxes), logits, torch.zeros_like(order), self.nms_thresh,
-                                       self.post_nms_top_n())
+            # Ranked by the fp32 probability, as Caffe's proposal layer and MILVLG's port rank (softmax fg
+            # score): near 1 the probabilities tie where the logits do not, and the ties go by anchor index.
+            probs = torch.sigmoid(logits.float())
+            order = torch.sort(probs, descending=True, stable=True).indices[: self.pre_nms_top_n()]
+            boxes, probs = boxes[order], probs[order]
+            keep = first_nms_survivors(inclusive_corners(boxes), probs, torch.zeros_like(order),
+                                       legacy_nms_threshold(self.nms_thresh), self.post_nms_top_n())
             final_boxes.append(boxes[keep])
-            final_scores.append(torch.sigmoid(logits[keep]))
+            final_scores.append(probs[keep])
         return final_boxes, final_scores
 
 

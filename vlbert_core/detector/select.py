@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torchvision.ops import batched_nms, nms
 
-from .faster_rcnn import inclusive_corners
+from .faster_rcnn import inclusive_corners, legacy_nms_threshold
 
 
 @dataclass
@@ -76,6 +76,7 @@ def select_rois(
     cand_proposals = torch.arange(num_proposals, device=cand_scores.device).repeat_interleave(num_fg)
     total = cand_scores.numel()
     nms_boxes = inclusive_corners(cand_boxes) if legacy_iou else cand_boxes
+    nms_iou = legacy_nms_threshold(nms_iou) if legacy_iou else nms_iou
 
     order = torch.sort(cand_scores, descending=True, stable=True).indices
     num_passing = int((cand_scores > score_threshold).sum())
@@ -148,6 +149,7 @@ def select_rois_bottom_up(
     boxes = proposal_boxes.float()
     scores = class_scores.float()
     nms_boxes = inclusive_corners(boxes) if legacy_iou else boxes
+    nms_iou = legacy_nms_threshold(nms_iou) if legacy_iou else nms_iou
     max_conf = torch.zeros(num_proposals, dtype=scores.dtype, device=scores.device)
     for k in range(1, num_columns):
         keep = nms(nms_boxes, scores[:, k], nms_iou)
