@@ -32,7 +32,7 @@ from vlbert_core.detector.faster_rcnn import (
 from vlbert_core.detector.pixels import normalise_pixels
 from vlbert_core.detector.select import select_rois
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = MANIFEST_DIR
 MANIFEST_FILES = {"bua-caffe": "bua-caffe-frcn-r101_with_attributes.json",
                   "detectron2-attr": "faster_rcnn_from_caffe_attr.json"}

@@ -32,7 +32,7 @@ from vlbert_core.detector.bottom_up import BadTsvRow, normalise_image_id, parse_
 from vlbert_core.detector.images import decode_image
 from vlbert_core.rois import read_rois, read_rois_metadata
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 torch.set_num_threads(1)
 
 TINY_CFG = TINY_DETECTOR_CFG
