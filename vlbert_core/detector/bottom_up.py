@@ -53,6 +53,7 @@ from __future__ import annotations
 import base64
 import binascii
 import csv
+import dataclasses
 import math
 import os
 import re
@@ -75,7 +76,7 @@ from ..rois import (
     RoIParquetWriter,
 )
 from ..utils import get_logger
-from .extract import _check_unique_keys, classify_boxes, decoded_batches
+from .extract import RoIBounds, RoIJobSettings, _check_unique_keys, classify_boxes, decoded_batches
 from .images import to_unit_float
 from .train import load_detector
 
@@ -322,8 +323,9 @@ def import_bottom_up_rois(
             raise ValueError(f"{out_parquet}: images {key_of_id[image_id]!r} and {key!r} both map to TSV image_id "
                              f"{image_id}")
         image_ids[key] = key_of_id[image_id] = image_id
-    min_boxes, max_boxes = int(rois_cfg["min_boxes"]), int(rois_cfg["max_boxes"])
-    batch_size = max(1, int(rois_cfg["batch_size"]))
+    bounds, job = RoIBounds.from_config(rois_cfg), RoIJobSettings.from_config(rois_cfg)
+    min_boxes, max_boxes = bounds.min_boxes, bounds.max_boxes
+    batch_size = max(1, job.batch_size)
     num_classes = int(detector.roi_heads.box_predictor.cls_score.out_features)
 
     index = index_bottom_up_tsv(tsv_path, set(key_of_id))
@@ -336,7 +338,7 @@ def import_bottom_up_rois(
     info = {"source": "bottom_up_tsv", "tsv": str(tsv_path), "class_scores": class_score_source,
             **(metadata or {})}
     with RoIParquetWriter(out_parquet, num_classes, info) as writer, open(tsv_path, "rb") as handle:
-        progress = Progress(decoded_batches(samples, batch_size, int(rois_cfg.get("num_workers", 0)),
+        progress = Progress(decoded_batches(samples, batch_size, job.num_workers,
                                             max_pixels=max_pixels),
                             total=math.ceil(len(samples) / batch_size), desc="import rois", unit="batch")
         for batch in progress:
@@ -433,6 +435,5 @@ def import_rois_with_detector(tsv_path: str | os.PathLike, model_path: str | os.
     model, _ = load_detector(model_path, map_location=device)
     return import_bottom_up_rois(tsv_path, samples, out_parquet, rois_cfg, model.to(device), image_id_of=image_id_of,
                                  metadata={"detector": str(model_path),
-                                           "bounds": {"min_boxes": int(rois_cfg["min_boxes"]),
-                                                      "max_boxes": int(rois_cfg["max_boxes"])}},
+                                           "bounds": dataclasses.asdict(RoIBounds.from_config(rois_cfg))},
                                  max_pixels=max_image_pixels)

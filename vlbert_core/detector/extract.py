@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -22,6 +23,7 @@ from webdataset.tariterators import base_plus_ext
 from ..damaged import read_shard_samples
 from ..images import DEFAULT_MAX_PIXELS, checked_max_pixels
 from ..rois import STATUS_DECODE_ERROR, STATUS_MISSING_FILE, STATUS_OK, STATUS_TOO_FEW_BOXES, RoIParquetWriter
+from ..typed_settings import read_fields
 from ..utils import get_logger
 from .faster_rcnn import clip_boxes_legacy, uses_legacy_boxes
 from .images import decode_image, to_unit_float
@@ -30,16 +32,54 @@ from .train import load_detector
 
 log = get_logger(__name__)
 
-SELECT_KEYS = ("score_threshold", "min_boxes", "max_boxes", "nms_iou")
+
+
+@dataclass(frozen=True)
+class RoISelection:
+    """The `rois:` section's selection rule (select_rois), typed once; `kwargs()` is also what a RoI parquet's
+    metadata records."""
+
+    score_threshold: float
+    min_boxes: int
+    max_boxes: int
+    nms_iou: float
+
+    @classmethod
+    def from_config(cls, rois_cfg: Mapping[str, Any], where: str = "rois") -> "RoISelection":
+        return cls(**read_fields(cls, rois_cfg, where))
+
+    def kwargs(self) -> dict[str, Any]:
+        return {"score_threshold": self.score_threshold, "min_boxes": self.min_boxes, "max_boxes": self.max_boxes,
+                "nms_iou": self.nms_iou}
+
+
+@dataclass(frozen=True)
+class RoIBounds:
+    """The `rois:` section's box-count bounds (at least min_boxes, at most max_boxes per image), typed once."""
+
+    min_boxes: int
+    max_boxes: int
+
+    @classmethod
+    def from_config(cls, rois_cfg: Mapping[str, Any], where: str = "rois") -> "RoIBounds":
+        return cls(**read_fields(cls, rois_cfg, where))
+
+
+@dataclass(frozen=True)
+class RoIJobSettings:
+    """How a RoI job runs (the `rois:` section's batch size and loader workers), typed once."""
+
+    batch_size: int
+    num_workers: int = 0
+
+    @classmethod
+    def from_config(cls, rois_cfg: Mapping[str, Any], where: str = "rois") -> "RoIJobSettings":
+        return cls(**read_fields(cls, rois_cfg, where))
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png")
 
 def selection_kwargs(rois_cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The select_rois keyword arguments out of the config's `rois:` section."""
-    missing = [k for k in SELECT_KEYS if k not in rois_cfg]
-    if missing:
-        raise KeyError(f"rois config lacks keys {missing}")
-    return {"score_threshold": float(rois_cfg["score_threshold"]), "min_boxes": int(rois_cfg["min_boxes"]),
-            "max_boxes": int(rois_cfg["max_boxes"]), "nms_iou": float(rois_cfg["nms_iou"])}
+    return RoISelection.from_config(rois_cfg).kwargs()
 
 
 def _backbone_features(model, images: Sequence[torch.Tensor], device: torch.device):
@@ -327,14 +367,15 @@ def extract_rois_with_detector(model_path: str | os.PathLike, samples: Iterable[
                                device: str = "cpu", *, max_image_pixels: int = DEFAULT_MAX_PIXELS) -> dict[str, int]:
     """Load the detector checkpoint and write the RoI parquet of `samples` with the config's `rois:` rule;
     an image over `max_image_pixels` (the config's top-level key) is a decode_error row."""
+    job = RoIJobSettings.from_config(rois_cfg)
     model, _ = load_detector(model_path, map_location=device)
     return extract_rois_to_parquet(
         model.to(device),
         samples,
         out_parquet,
-        batch_size=int(rois_cfg["batch_size"]),
+        batch_size=job.batch_size,
         select_kwargs=selection_kwargs(rois_cfg),
-        num_workers=int(rois_cfg.get("num_workers", 0)),
+        num_workers=job.num_workers,
         metadata={"detector": str(model_path), "selection": selection_kwargs(rois_cfg)},
         max_pixels=max_image_pixels,
     )

@@ -40,6 +40,7 @@ there (docs/bottom-up-detector.md lists each convention and where the source has
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -56,6 +57,8 @@ from torchvision.models.detection.rpn import RegionProposalNetwork, RPNHead
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops import MultiScaleRoIAlign, RoIPool, batched_nms, clip_boxes_to_image, remove_small_boxes
 from torchvision.ops.misc import Conv2dNormActivation
+
+from vlbert_core.typed_settings import read_fields
 
 from .pixels import get_pixel_format, normalise_pixels
 from .resnet_c4 import FEATURE_STRIDE, ROI_OUTPUT_SIZE, ROI_SAMPLING_RATIO, ResNetC4Config, build_resnet_c4
@@ -137,10 +140,42 @@ class FixedStrideAnchorGenerator(AnchorGenerator):
         return [torch.cat(per_map) for _ in image_list.image_sizes]
 
 
+@dataclass(frozen=True)
+class DetectorSettings:
+    """The numbers of the `detector:` config section (and of a detector checkpoint's saved config) that
+    build_detector reads, typed once: a missing key or a value of the wrong kind names the key. The
+    conventions (anchor_style, box_coding, roi_pooler, the backbone) are checked where they are used."""
+
+    min_size: int
+    max_size: int
+    rpn_post_nms_train: int
+    rpn_post_nms_test: int
+    box_batch_size_per_image: int
+    rpn_pre_nms_train: int | None = None      # default max(2000, rpn_post_nms_train)
+    rpn_pre_nms_test: int | None = None       # default max(1000, rpn_post_nms_test)
+    rpn_nms_thresh: float = 0.7
+    rpn_head_channels: int | None = None      # None: torchvision's RPNHead at the body's width
+    rpn_min_size: float | None = None         # box_coding caffe_legacy only
+    box_score_thresh: float = 0.05
+    box_nms_thresh: float = 0.5
+    box_detections_per_img: int = 100
+    box_reg_weights: tuple[float, ...] = (10.0, 10.0, 5.0, 5.0)
+    anchor_sizes: tuple[int, ...] = DEFAULT_ANCHOR_SIZES
+    aspect_ratios: tuple[float, ...] = DEFAULT_ASPECT_RATIOS
+    num_attributes: int | None = None
+    attribute_loss_weight: float = 0.0
+    size_divisible: int = 32
+    resize: str = "torchvision"
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any], where: str = "detector") -> "DetectorSettings":
+        return cls(**read_fields(cls, cfg, where))
+
+
 def build_anchor_generator(cfg: Mapping[str, Any]) -> AnchorGenerator:
     style = cfg.get("anchor_style", "torchvision")
-    sizes = tuple(int(s) for s in cfg.get("anchor_sizes", DEFAULT_ANCHOR_SIZES))
-    ratios = tuple(float(r) for r in cfg.get("aspect_ratios", DEFAULT_ASPECT_RATIOS))
+    settings = DetectorSettings.from_config(cfg)
+    sizes, ratios = settings.anchor_sizes, settings.aspect_ratios
     if style == "torchvision":
         return AnchorGenerator(sizes=(sizes,), aspect_ratios=(ratios,))
     if style == "caffe":
@@ -581,7 +616,8 @@ def build_detector(cfg: Mapping[str, Any], num_classes: int) -> FasterRCNN:
     roi_pooler = cfg.get("roi_pooler", "roi_align")
     if roi_pooler not in ROI_POOLERS:
         raise ValueError(f"detector.roi_pooler={roi_pooler!r}: expected one of {list(ROI_POOLERS)}")
-    box_reg_weights = tuple(float(w) for w in cfg.get("box_reg_weights", (10.0, 10.0, 5.0, 5.0)))
+    settings = DetectorSettings.from_config(cfg)
+    box_reg_weights = settings.box_reg_weights
     if len(box_reg_weights) != 4 or min(box_reg_weights) <= 0:
         raise ValueError(f"detector.box_reg_weights={list(box_reg_weights)}: expected 4 positive numbers")
 
@@ -596,19 +632,18 @@ def build_detector(cfg: Mapping[str, Any], num_classes: int) -> FasterRCNN:
     # The predictor is initialised before the RPN head, the order in which torchvision's FasterRCNN drew
     # them when it built the RPN head itself: a detector trained from the same seed stays the same.
     predictor = FastRCNNPredictor(head_out, num_classes + 1)
-    rpn_head = WideRPNHead(body_out, num_anchors, int(cfg["rpn_head_channels"])) if "rpn_head_channels" in cfg \
-        else RPNHead(body_out, num_anchors)
+    rpn_head = WideRPNHead(body_out, num_anchors, settings.rpn_head_channels) \
+        if settings.rpn_head_channels is not None else RPNHead(body_out, num_anchors)
 
-    post_train = int(cfg["rpn_post_nms_train"])
-    post_test = int(cfg["rpn_post_nms_test"])
-    pre_train = int(cfg.get("rpn_pre_nms_train", max(2000, post_train)))
-    pre_test = int(cfg.get("rpn_pre_nms_test", max(1000, post_test)))
-    rpn_nms_thresh = float(cfg.get("rpn_nms_thresh", 0.7))
+    post_train, post_test = settings.rpn_post_nms_train, settings.rpn_post_nms_test
+    pre_train = max(2000, post_train) if settings.rpn_pre_nms_train is None else settings.rpn_pre_nms_train
+    pre_test = max(1000, post_test) if settings.rpn_pre_nms_test is None else settings.rpn_pre_nms_test
+    rpn_nms_thresh = settings.rpn_nms_thresh
     model = FasterRCNN(
         body,
         num_classes=None,
-        min_size=int(cfg["min_size"]),
-        max_size=int(cfg["max_size"]),
+        min_size=settings.min_size,
+        max_size=settings.max_size,
         rpn_anchor_generator=anchor_generator,
         rpn_head=rpn_head,
         rpn_pre_nms_top_n_train=pre_train,
@@ -619,29 +654,30 @@ def build_detector(cfg: Mapping[str, Any], num_classes: int) -> FasterRCNN:
         box_roi_pool=roi_align,  # FasterRCNN accepts only this type; roi_pool replaces it below
         box_head=head,
         box_predictor=predictor,
-        box_batch_size_per_image=int(cfg["box_batch_size_per_image"]),
-        box_score_thresh=float(cfg.get("box_score_thresh", 0.05)),
-        box_nms_thresh=float(cfg.get("box_nms_thresh", 0.5)),
-        box_detections_per_img=int(cfg.get("box_detections_per_img", 100)),
+        box_batch_size_per_image=settings.box_batch_size_per_image,
+        box_score_thresh=settings.box_score_thresh,
+        box_nms_thresh=settings.box_nms_thresh,
+        box_detections_per_img=settings.box_detections_per_img,
         bbox_reg_weights=box_reg_weights,
     )
     if roi_pooler == "roi_pool":
         model.roi_heads.box_roi_pool = SingleMapRoIPool()
     if box_coding == "caffe_legacy":
-        model.rpn = LegacyRegionProposalNetwork.like(model.rpn, min_size_original=float(cfg.get("rpn_min_size", 0.0)))
+        model.rpn = LegacyRegionProposalNetwork.like(
+            model.rpn, min_size_original=0.0 if settings.rpn_min_size is None else settings.rpn_min_size)
         model.rpn.box_coder = LegacyBoxCoder((1.0, 1.0, 1.0, 1.0))
         model.roi_heads.box_coder = LegacyBoxCoder(box_reg_weights)
-    elif "rpn_min_size" in cfg:
+    elif settings.rpn_min_size is not None:
         raise ValueError("detector.rpn_min_size applies with box_coding: caffe_legacy only")
     else:
         model.rpn = TopProposalsRPN.like(model.rpn)
-    if cfg.get("num_attributes") is not None:
+    if settings.num_attributes is not None:
         model.roi_heads = AttributeRoIHeads(
-            model.roi_heads, AttributePredictor(head_out, num_classes + 1, int(cfg["num_attributes"]),
+            model.roi_heads, AttributePredictor(head_out, num_classes + 1, settings.num_attributes,
                                                 cfg.get("attribute_embed_dim"), cfg.get("attribute_hidden_dim")),
-            float(cfg.get("attribute_loss_weight", 0.0)))
-    model.transform = PixelFormatTransform(int(cfg["min_size"]), int(cfg["max_size"]), backbone_cfg.pixel_format,
-                                           int(cfg.get("size_divisible", 32)), str(cfg.get("resize", "torchvision")))
+            settings.attribute_loss_weight)
+    model.transform = PixelFormatTransform(settings.min_size, settings.max_size, backbone_cfg.pixel_format,
+                                           settings.size_divisible, settings.resize)
     return model
 
 

@@ -15,9 +15,11 @@ from vlbert_core.progress import Progress
 
 from ..images import DEFAULT_MAX_PIXELS, ImageError
 from ..optim import OptimizerSettings, build_optimizer, build_scheduler, detectron_step_decay
+from ..typed_settings import read_fields
 from ..utils import atomic_path, get_logger, seed_everything
 from .images import decode_image
-from .faster_rcnn import IGNORE_ATTRIBUTE, MAX_ATTRIBUTES_PER_OBJECT, build_detector, predict_attributes
+from .faster_rcnn import (IGNORE_ATTRIBUTE, MAX_ATTRIBUTES_PER_OBJECT, DetectorSettings, build_detector,
+                          predict_attributes)
 from .metrics import ImageDetections, ImageGroundTruth, evaluate_ap50
 from ..safe_pickle import load_torch_file
 
@@ -26,6 +28,23 @@ log = get_logger(__name__)
 MOMENTUM = 0.9
 WARMUP_START_FACTOR = 1.0 / 3.0  # Detectron's linear warm-up starts at lr / 3
 DEFAULT_DECAY_AT = (0.75, 0.9)  # fractions of the run where the lr drops by 10x
+
+
+@dataclass(frozen=True)
+class DetectorTrainSettings:
+    """The `detector.train:` section, typed once (a missing key or a value of the wrong kind names the key)."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    weight_decay: float
+    warmup_steps: int | None = None              # default min(100, steps // 10)
+    decay_at: tuple[float, ...] = DEFAULT_DECAY_AT
+    clip_grad: float = 10.0
+
+    @classmethod
+    def from_config(cls, train_cfg: Mapping[str, Any], where: str = "detector.train") -> "DetectorTrainSettings":
+        return cls(**read_fields(cls, train_cfg, where))
 
 
 @dataclass
@@ -228,12 +247,10 @@ def train_detector(
     Every image is at most `max_image_pixels` (the config's top-level key), checked from its header.
     """
     seed_everything(seed)
-    train_cfg = dict(cfg["train"])
-    steps = int(train_cfg["steps"])
-    batch_size = int(train_cfg["batch_size"])
-    warmup_steps = int(train_cfg.get("warmup_steps", min(100, steps // 10)))
-    decay_at = tuple(float(f) for f in train_cfg.get("decay_at", DEFAULT_DECAY_AT))
-    clip_grad = float(train_cfg.get("clip_grad", 10.0))
+    train = DetectorTrainSettings.from_config(cfg["train"])
+    steps, batch_size, clip_grad = train.steps, train.batch_size, train.clip_grad
+    warmup_steps = min(100, steps // 10) if train.warmup_steps is None else train.warmup_steps
+    decay_at = train.decay_at
 
     categories, train_data, attribute_names = load_coco_split(annotations_train, images_dir,
                                                               max_pixels=max_image_pixels)
@@ -243,7 +260,7 @@ def train_detector(
         raise ValueError(f"{annotations_train}: no training images")
     num_classes = len(categories)
     cfg = dict(cfg)
-    train_attributes = float(cfg.get("attribute_loss_weight", 0.0)) > 0
+    train_attributes = DetectorSettings.from_config(cfg).attribute_loss_weight > 0
     if train_attributes:
         if attribute_names is None:
             raise ValueError(f"{annotations_train}: detector.attribute_loss_weight is {cfg['attribute_loss_weight']}, "
@@ -259,7 +276,7 @@ def train_detector(
     model = build_detector(cfg, num_classes)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(model, OptimizerSettings(
-        "sgd", lr=float(train_cfg["lr"]), weight_decay=float(train_cfg["weight_decay"]), momentum=MOMENTUM,
+        "sgd", lr=train.lr, weight_decay=train.weight_decay, momentum=MOMENTUM,
         decay_all=True))
     decay_steps = [int(frac * steps) for frac in decay_at]
     scheduler = build_scheduler(
