@@ -163,6 +163,7 @@ def test_the_registry_names_every_part_of_the_built_in_families():
     assert [r.display_name for r in registry.families()] == ["VL-BERT", "ViLBERT"]
 
 
+@pytest.mark.slow
 def test_the_model_loads_without_the_data_and_detector_extraction_stack():
     heavy = ["pyarrow", "webdataset", "vlbert_core.rois", "vlbert_core.detector.extract", "vlbert_core.detector.train"]
     code = ("import sys, vlbert_core.models.vlbert.model, vlbert_core.models.vilbert.model; "

@@ -13,6 +13,7 @@ from conftest import REPO, load_benchmark
 gpu = load_benchmark("gpu")
 
 
+@pytest.mark.slow
 def test_without_cuda_it_says_so_and_dry_runs_every_workload_on_the_cpu():
     # no GPU visible even on a GPU machine; one thread, as the suite's other processes share the cores
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
@@ -72,6 +73,7 @@ def test_largest_batch_search_stops_at_the_first_out_of_memory():
     assert tried == [2, 4, 8] and largest.samples == 64 and why == "x8 ran out of GPU memory"
 
 
+@pytest.mark.slow
 def test_largest_batch_search_at_its_bounds_and_on_other_errors():
     def no_room(multiple):
         raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
@@ -111,6 +113,7 @@ AUTHORS_REPO = os.environ.get("VLBERT_AUTHORS_REPO", str(REPO / ".authors" / "VL
 
 
 @pytest.mark.parametrize("switch", ["channels_last", "foreach"])
+@pytest.mark.slow
 def test_a_switch_meant_to_compute_the_same_gives_the_same_weights_after_steps(switch):
     # fp32 on the CPU, the dry run's sizes: today's pre-training step and the switched one from the same seed
     torch.set_num_threads(1)
@@ -127,6 +130,7 @@ def test_a_switch_meant_to_compute_the_same_gives_the_same_weights_after_steps(s
     assert moved > len(today) // 2   # the steps trained: equal weights are not untouched ones
 
 
+@pytest.mark.slow
 def test_the_ab_dry_run_times_a_switch_against_today_on_the_cpu():
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu.py"), "--device", "cpu", "--only",
@@ -138,6 +142,7 @@ def test_the_ab_dry_run_times_a_switch_against_today_on_the_cpu():
 
 @pytest.mark.skipif(not os.path.isdir(AUTHORS_REPO), reason="no checkout of jackroos/VL-BERT (VLBERT_AUTHORS_REPO, "
                     "or .authors/VL-BERT from benchmarks/gpu_session_wheels.sh)")
+@pytest.mark.slow
 def test_the_authors_dry_run_times_both_sides_on_the_same_weights_and_batch():
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu.py"), "--device", "cpu", "--only",

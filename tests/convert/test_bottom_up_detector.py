@@ -428,6 +428,7 @@ def test_paper_configs_hold_what_the_conversion_writes():
         assert {k: v for k, v in section.items() if k != "weights"} == written, name
 
 
+@pytest.mark.workflow
 def test_paper_base_dry_runs_with_a_converted_detector(tmp_path):
     """detector.weights = a converted checkpoint: the paper DAG plans RoI extraction from it."""
     import os
@@ -514,6 +515,7 @@ def _golden_detector(kind: str, tmp_path: Path, weights: dict):
 
 
 @pytest.mark.parametrize("kind", ["detectron2-attr", "bua-caffe"])
+@pytest.mark.slow
 def test_kept_boxes_classes_scores_and_features_equal_the_ports_own_extraction(kind, tmp_path):
     """The port's own code (airsplay: the attribute demo's `doit` and fast_rcnn_inference_single_image at
     score 0.2, NMS 0.6, 300 proposals; MILVLG: extract_features' get_image_blob, model([dataset_dict]) and

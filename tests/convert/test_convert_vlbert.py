@@ -76,6 +76,7 @@ def released_task_meta(name: str, manifest: Manifest) -> dict:
 @pytest.mark.parametrize("name, task", [("vl-bert-base-e2e", None), ("vl-bert-large-e2e", None),
                                         ("vl-bert-base-prec", None), ("vl-bert-large-prec", None),
                                         ("vqa-base", "vqa"), ("refcoco-base", "refcoco"), ("vcr-base", "vcr_q2a")])
+@pytest.mark.slow
 def test_full_manifest_is_accounted_for(name, task):
     manifest = load(name)
     source = meta_source(manifest)

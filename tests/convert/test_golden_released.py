@@ -73,6 +73,7 @@ def converted(module_tmp_path, bert_dir):
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.slow
 def test_converted_checkpoint_gives_the_authors_outputs_stage_by_stage(layout, converted):
     record, inputs = golden(layout)
     assert record["tolerance"] == TOLERANCE and max(record["largest_differences"].values()) <= TOLERANCE
@@ -83,6 +84,7 @@ def test_converted_checkpoint_gives_the_authors_outputs_stage_by_stage(layout, c
     assert mismatches(ours, record) == []
 
 
+@pytest.mark.slow
 def test_the_golden_numbers_catch_a_released_detail_done_our_old_way(tmp_path, converted):
     """Control: [END] with box 0's visual term (this project's default, not the authors') moves the outputs of
     every stage after the embeddings out of the bound; the visual stages before it stay exact."""

@@ -216,6 +216,7 @@ def run_split(tmp_path: Path, tsv: Path, shard_rows: int, run: str) -> list[Path
     return outs
 
 
+@pytest.mark.slow
 def test_every_bad_input_is_one_accounted_row(tmp_path, server):
     table = cases(server)
     tsv = tmp_path / "Train_GCC-training.tsv"

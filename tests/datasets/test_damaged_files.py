@@ -277,6 +277,7 @@ def test_a_damaged_roi_parquet_is_named_with_the_rule_that_writes_it(dataset, sp
     assert_names_file_and_rule(err, path, rule, problem)
 
 
+@pytest.mark.slow
 def test_reading_a_roi_parquet_leaves_pyarrow_dataset_and_pandas_unimported(tmp_path):
     """Every fine-tuning, pre-training and retrieval job reads RoI parquets: pq.read_table would import
     pyarrow.dataset and pandas, ~0.3 s of each job's start, for a table that ParquetFile reads as well."""

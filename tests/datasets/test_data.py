@@ -419,6 +419,7 @@ def test_wiki_truncated_dump_fails_clearly_and_leaves_no_outputs(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [source.name]
 
 
+@pytest.mark.slow
 def test_wiki_worker_processes_give_the_same_bytes(tmp_path):
     source = tmp_path / "enwiki-test-pages-articles.xml.bz2"
     source.write_bytes(bz2.compress(WIKI_XML.encode("utf-8")))

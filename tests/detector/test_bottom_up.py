@@ -295,6 +295,7 @@ def planned_rules(output: str) -> dict[str, int]:
     return counts
 
 
+@pytest.mark.workflow
 def test_dry_run_with_tsv_sources_and_detector_weights_plans_the_import_rules(tmp_path):
     (tmp_path / "features").mkdir()
     for name in ("cc_train_00000.tsv", "coco_val.tsv", "detector.pt"):

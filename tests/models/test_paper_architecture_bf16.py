@@ -75,6 +75,7 @@ def assert_finite_step(module: torch.nn.Module, loss: torch.Tensor) -> None:
     assert any(float(g.abs().sum()) > 0 for g in grads.values())
 
 
+@pytest.mark.slow
 def test_one_pretraining_step_in_bf16(tokenizer):
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
@@ -111,6 +112,7 @@ def test_one_pretraining_step_in_bf16(tokenizer):
     assert module.model.visual_network.head.layer4[0].conv2.weight.grad is not None
 
 
+@pytest.mark.slow
 def test_one_finetuning_step_in_bf16(tokenizer):
     torch.manual_seed(1)
     rng = np.random.default_rng(1)

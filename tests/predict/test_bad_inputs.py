@@ -248,6 +248,7 @@ def test_a_config_typo_or_a_key_given_twice_stops_predict_and_pretrain_in_one_li
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.workflow
 def test_the_workflow_names_the_key_not_the_schema(tmp_path):
     """Snakemake's own config loading keeps the last of two keys: the Snakefile reads the configfiles again with
     the one reader, and validates with the one-line error before Snakemake's validate fills the defaults."""

@@ -227,6 +227,7 @@ def test_a_failing_workflow_script_writes_one_line_and_its_traceback_to_the_log(
     (["vlbert_core.convert", "vl-bert", "{tmp}/random.model", "{tmp}/out", "--bert-path", "x"], "{tmp}/random.model"),
     (["vlbert_core.predict", "--model", "{tmp}", "--image", "{tmp}/photo.png", "--text", "a"], "{tmp} has no config.json"),
 ])
+@pytest.mark.slow
 def test_the_python_m_commands_end_in_one_line_and_status_1(args, names, tmp_path, photo):
     (tmp_path / "random.model").write_bytes(os.urandom(2048))
     args = [a.format(tmp=tmp_path) for a in args]

@@ -95,6 +95,7 @@ def test_help_runs_as_a_module():
     assert "--model" in result.stdout and "--annotations" in result.stdout and "--draw" in result.stdout
 
 
+@pytest.mark.slow
 def test_vqa_answers_equal_the_evaluation(world, runs):  # noqa: F811
     root, sources = world
     out, rois = runs

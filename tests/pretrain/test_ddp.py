@@ -92,6 +92,7 @@ def _weights(out: Path) -> dict[str, torch.Tensor]:
     return load_file(str(out / "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_two_process_ddp_matches_one_process_on_the_same_global_batch(world, tmp_path, launch_environment):
     bert = _dropout_free_bert(world, tmp_path)
     one, two = tmp_path / "one_process", tmp_path / "two_processes"
@@ -138,6 +139,7 @@ def _rank_pid(out: Path, rank: int) -> int | None:
     return None
 
 
+@pytest.mark.slow
 def test_a_rank_killed_mid_step_fails_the_launch_naming_it_and_the_rerun_resumes(world, tmp_path, launch_environment):
     """kill -9 to rank 1 of a running two-process pre-training: the launch ends within a bounded time (torchrun
     stops rank 0; the collective timeout bounds it otherwise), fails with one message naming rank 1 and its log,

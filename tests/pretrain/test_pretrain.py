@@ -623,6 +623,7 @@ def test_continued_pretraining_starts_from_the_saved_model_and_heads(world, tmp_
     assert json.loads((measured / "metrics.jsonl").read_text())["note"].startswith("not pre-trained further")
 
 
+@pytest.mark.slow
 def test_continued_pretraining_from_a_converted_released_checkpoint(world, tmp_path):
     """A converted released VL-BERT (cut down, its masked-RoI head sized to this world's detector classes)
     keeps its MLM and masked-RoI heads and continues pre-training with them: the released architecture (text-

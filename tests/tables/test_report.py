@@ -160,6 +160,7 @@ def page(report) -> PageParser:
     return parser
 
 
+@pytest.mark.slow
 def test_every_image_the_page_references_exists_and_is_a_png(report, page):
     assert page.images, "the page shows no image"
     for img in page.images:

@@ -198,6 +198,7 @@ def test_the_example_config_plans_the_custom_table(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_predict_answers_a_custom_model_as_the_evaluation_does(custom_task, tmp_path):
     """`python -m vlbert_core.predict` on a custom task's fine-tune: --config registers the task, the
     detector's RoIs go through the same samples and model, and each held-out row's top label (and its

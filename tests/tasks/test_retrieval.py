@@ -300,6 +300,7 @@ def _score(bundle_path: Path, sources: dict, out: Path) -> dict:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_fine_tune_predict_and_score_retrieval(flickr_world, tmp_path, family):
     from vlbert_core.tasks.evaluate import predict_splits, write_prediction_bundle
     from vlbert_core.tasks.finetune import finetune, load_finetuned
@@ -393,6 +394,7 @@ def _save_heads(directory: Path, setting: str, rel_loss: bool) -> None:
 
 
 @pytest.mark.parametrize("family,setting", [("vlbert", "c"), ("vilbert", "vilbert")])
+@pytest.mark.slow
 def test_zero_shot_retrieval_with_the_alignment_head(flickr_world, tmp_path, family, setting):
     import shutil
 

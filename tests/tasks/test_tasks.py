@@ -531,6 +531,7 @@ def test_the_frozen_feature_cache_runs_at_most_images_per_pass_images_a_pass_wit
         FrozenRoIFeatureCache(model.visual_network, model.config.appearance_dim, images_per_pass=0)
 
 
+@pytest.mark.slow
 def test_tiny_finetune_and_evaluate_every_task(world, tmp_path):
     from vlbert_core.tasks.evaluate import predict_splits
     from vlbert_core.tasks.finetune import load_finetuned
@@ -683,6 +684,7 @@ def test_a_vcr_model_fine_tuned_on_the_mean_text_output_keeps_reading_it(world, 
 # ---------------------------------------------------------------- the Snakemake entry points
 
 
+@pytest.mark.slow
 def test_finetune_stopped_by_sigterm_resumes_to_the_straight_run(world, tmp_path, caplog, monkeypatch):
     """SIGTERM (what SLURM sends at preemption or the time limit) mid-training: the job finishes the step, writes
     its checkpoint and exits 143; run again, it resumes there and ends with the straight run's weights."""
@@ -823,6 +825,7 @@ def test_evaluate_script_needs_no_torch():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
+@pytest.mark.slow
 def test_finetune_starts_from_a_converted_released_model(world, tmp_path):
     """pretrain.init_from: a released checkpoint (a cut-down stand-in of vl-bert-base-e2e.model) converted
     by `python -m vlbert_core.convert vl-bert`, fine-tuned and used for predictions by the task code, with
@@ -850,6 +853,7 @@ def test_finetune_starts_from_a_converted_released_model(world, tmp_path):
 
 
 @pytest.mark.parametrize("task", ["vqa", "vcr_q2a", "refcoco"])
+@pytest.mark.slow
 def test_every_task_fine_tunes_and_predicts_on_a_vilbert_model(world, tmp_path, task):
     """One task class serves both families: the heads read the EncoderOutput at the ViLBERT widths."""
     from vlbert_core.models.vilbert.model import ViLBertModel
