@@ -522,11 +522,8 @@ def test_kept_boxes_classes_scores_and_features_equal_the_ports_own_extraction(k
     save_roi_features, 10..100 at 0.2, NMS 0.3) on random weights in the published layout, recorded in
     tests/data/golden_bottom_up/<kind>.json; our converter and detector on the same file and images must keep
     the same proposals in the same order with the same classes, boxes within 1e-2 px, scores, attribute
-    scores and features within 1e-4 relative, every stage's sum within 1e-4 relative."""
-    from vlbert_core.detector.extract import detector_stages
-    from vlbert_core.detector.images import decode_image, to_unit_float
-    from vlbert_core.detector.select import select_rois_bottom_up
-
+    scores and features within 1e-4 relative, every stage's sum within 1e-4 relative. The pipeline's path
+    (detect_rois with that rule as a `rois:` section) must keep the same boxes."""
     golden = __import__("json").loads((GOLDEN / f"{kind}.json").read_text())
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # as the reference runs: another split of the sums reorders near-tied proposals
@@ -537,6 +534,7 @@ def test_kept_boxes_classes_scores_and_features_equal_the_ports_own_extraction(k
 
 
 def _check_golden(kind, golden, tmp_path):
+    from vlbert_core.convert.bottom_up import PORT_SELECTION, match_kept_rois
     from vlbert_core.detector.extract import detector_stages
     from vlbert_core.detector.images import decode_image, to_unit_float
     from vlbert_core.detector.select import select_rois_bottom_up
@@ -544,38 +542,105 @@ def _check_golden(kind, golden, tmp_path):
     model = _golden_detector(kind, tmp_path, golden["weights"])
     d2 = kind == "detectron2-attr"
     for image in golden["images"]:
-        stages = detector_stages(model, [to_unit_float(decode_image(GOLDEN / image["file"]))])[0]
+        pixels = to_unit_float(decode_image(GOLDEN / image["file"]))
+        stages = detector_stages(model, [pixels])[0]
         for name, expected in image["stage_sums"].items():
             ours = stages[name][:, 4:] if (name == "box_deltas" and d2) else stages[name]
             assert float(ours.double().sum()) == pytest.approx(expected, rel=1e-4, abs=1e-3), (image["file"], name)
         if d2:
             selected = select_rois(stages["boxes_per_class"], stages["class_scores"], score_threshold=0.2,
                                    min_boxes=10, max_boxes=100, nms_iou=0.6)
-            order = torch.arange(len(selected))
             attributes = stages["attribute_logits"][selected.proposals]
         else:
             selected = select_rois_bottom_up(stages["proposals_original"], stages["class_scores"])
-            # the port keeps proposal order when 10..100 pass; our schema sorts by confidence
-            position = {int(p): i for i, p in enumerate(selected.proposals)}
-            assert set(position) == set(image["kept_proposals"]), image["file"]
-            order = torch.tensor([position[p] for p in image["kept_proposals"]])
             attributes = stages["attribute_scores"][selected.proposals, 1:].max(dim=1).values
-        ours_keys = list(zip(selected.proposals[order].tolist(), (selected.class_ids[order] - 1).tolist()))
-        their_keys = list(zip(image["kept_proposals"], image["kept_classes"]))
-        assert sorted(ours_keys) == sorted(their_keys), image["file"]   # the same set and count
-        # the same order, but for candidates whose scores tie to fp32 rounding (1e-6 relative), which the
-        # port's NMS and ours may order either way
-        their_scores = np.array(image["kept_scores"])
-        for i, (ours_key, their_key) in enumerate(zip(ours_keys, their_keys)):
-            if ours_key != their_key:
-                j = their_keys.index(ours_key)
-                assert abs(their_scores[j] - their_scores[i]) <= 1e-6 * their_scores[i], (image["file"], i)
-        order = order[torch.tensor([ours_keys.index(k) for k in their_keys])]
-        np.testing.assert_allclose(selected.boxes[order].numpy(), np.array(image["kept_boxes"]), atol=1e-2, rtol=0)
-        np.testing.assert_allclose(selected.scores[order].numpy(), image["kept_scores"], rtol=1e-4, atol=1e-7)
+        pipeline = detect_rois(model, [pixels], PORT_SELECTION[kind])[0]
+        np.testing.assert_allclose(pipeline.boxes.numpy(), selected.boxes.numpy(), atol=1e-4, rtol=0)
+        assert torch.equal(pipeline.class_ids, selected.class_ids), image["file"]
+        ours_boxes, their_boxes, their_scores = selected.boxes.numpy(), np.array(image["kept_boxes"]), \
+            np.array(image["kept_scores"])
+        match = match_kept_rois(ours_boxes, (selected.class_ids - 1).numpy(), their_boxes, image["kept_classes"])
+        assert match is not None, (image["file"], "not the same kept boxes and classes")
+        if d2:
+            # the same order, but for candidates whose scores tie to fp32 rounding (1e-6 relative), which the
+            # port's NMS and ours may order either way (the port's MILVLG path keeps proposal order instead)
+            for i, j in enumerate(match):
+                if i != j:
+                    assert abs(their_scores[j] - their_scores[i]) <= 1e-6 * their_scores[i], (image["file"], i)
+        order = torch.from_numpy(match)
+        np.testing.assert_allclose(ours_boxes[match], their_boxes, atol=1e-2, rtol=0)
+        np.testing.assert_allclose(selected.scores[order].numpy(), their_scores, rtol=1e-4, atol=1e-7)
         check = attributes[order][:5].numpy()
         expected = np.array(image["kept_attribute_check"])   # detectron2-attr: their logits rows, in our order
         np.testing.assert_allclose(check, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
         features = stages["features"][selected.proposals[order]][:, :8].numpy()
         expected = np.array(image["kept_features_first8"])
         np.testing.assert_allclose(features, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+def test_kept_rois_are_matched_by_class_and_box_whatever_their_proposal_rows():
+    from vlbert_core.convert.bottom_up import match_kept_rois
+
+    ours = np.array([[0, 0, 10, 10], [5, 5, 20, 20], [1, 1, 4, 4]], dtype=np.float32)
+    theirs = ours[[1, 0, 2]] + 0.005
+    np.testing.assert_array_equal(match_kept_rois(ours, [3, 7, 7], theirs, [7, 3, 7]), [1, 0, 2])
+    assert match_kept_rois(ours, [3, 7, 7], theirs, [7, 3, 8]) is None          # a class differs
+    assert match_kept_rois(ours, [3, 7, 7], theirs + 0.02, [7, 3, 7]) is None   # a box 2.5e-2 px off
+    assert match_kept_rois(ours, [3, 7, 7], theirs[:2], [7, 3]) is None         # a count differs
+    assert match_kept_rois(ours[[0, 0, 2]], [3, 3, 7], theirs[[1, 1, 2]], [3, 3, 7]) is None   # not one-to-one
+
+
+@pytest.mark.slow
+def test_verify_layout_passes_its_own_stages_and_fails_a_moved_kept_box(tmp_path, capsys):
+    """`convert.verify bottom-up-bua-caffe` on a reference NPZ written from our own stages: every stage 0 and
+    exit 0; the same NPZ with one kept box moved by 0.1 px: exit 1."""
+    from vlbert_core.convert import verify
+    from vlbert_core.convert.bottom_up import REFERENCE_STAGES, RELEASED_ROIS
+    from vlbert_core.detector.extract import detector_stages
+    from vlbert_core.detector.images import decode_image, to_unit_float
+    from vlbert_core.detector.select import select_rois_bottom_up
+
+    golden = __import__("json").loads((GOLDEN / "bua-caffe.json").read_text())
+    model = _golden_detector("bua-caffe", tmp_path, golden["weights"])
+    image = GOLDEN / golden["images"][0]["file"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        stages = detector_stages(model, [to_unit_float(decode_image(image))])[0]
+    finally:
+        torch.set_num_threads(threads)
+    rule = {k: v for k, v in RELEASED_ROIS.items() if k != "rule"}
+    kept = select_rois_bottom_up(stages["proposals_original"], stages["class_scores"], **rule)
+    reference = {f"img0/fp32/{name}": stages[name].numpy() for name in (*REFERENCE_STAGES, "attribute_scores")}
+    reference.update({"img0/fp32/kept_ids": kept.proposals.numpy(), "img0/fp32/kept_boxes": kept.boxes.numpy(),
+                      "img0/fp32/kept_classes": (kept.class_ids - 1).numpy(), "img0/fp32/kept_scores": kept.scores.numpy()})
+    np.savez(tmp_path / "ref.npz", **reference)
+    argv = ["bottom-up-bua-caffe", "--checkpoint", str(tmp_path / "w.pth"), "--reference", str(tmp_path / "ref.npz"),
+            "--images", str(image), "--json", str(tmp_path / "rows.json")]
+    assert verify.main(argv) == 0
+    rows = __import__("json").loads((tmp_path / "rows.json").read_text())
+    assert {r["stage"] for r in rows["stages"]} >= {"res4", "proposals", "features", "class_scores", "kept_boxes"}
+    assert max(r["abs"] for r in rows["stages"]) < 1e-4, rows["stages"]
+    reference["img0/fp32/kept_boxes"] = reference["img0/fp32/kept_boxes"] + np.float32(0.1)
+    np.savez(tmp_path / "ref.npz", **reference)
+    assert verify.main(argv) == 1
+    assert "same boxes and classes: False" in capsys.readouterr().out
+
+
+def test_stored_cell_anchors_must_be_the_configs_in_the_same_order(tmp_path):
+    """MILVLG's file carries its cell anchors: the conversion checks them against ours (and then drops them);
+    the same anchors in another order, or other sizes, are refused naming the key."""
+    from vlbert_core.convert.bottom_up import BUA_CELL_ANCHORS, released_layout, random_released_weights, \
+        write_released_file
+    from vlbert_core.detector.faster_rcnn import caffe_cell_anchors
+
+    values = random_released_weights(released_layout("bua-caffe", **GOLDEN_SIZES, **GOLDEN_EXTRA["bua-caffe"]), seed=0)
+    good = write_released_file("bua-caffe", values, tmp_path / "good.pth")   # with py-faster-rcnn's anchors
+    assert BUA_CELL_ANCHORS in torch.load(good)["model"]
+    report = convert_bottom_up(good, tmp_path / "good.pt", source="bua-caffe")
+    assert BUA_CELL_ANCHORS in report.dropped
+    anchors = caffe_cell_anchors([0.5, 1.0, 2.0], [4, 8, 16, 32])
+    for name, wrong in {"reordered": anchors.flip(0), "halved": anchors / 2}.items():
+        bad = write_released_file("bua-caffe", {**values, BUA_CELL_ANCHORS: wrong}, tmp_path / f"{name}.pth")
+        with pytest.raises(ConversionError, match=re.escape(BUA_CELL_ANCHORS) + " differs from the anchors"):
+            convert_bottom_up(bad, tmp_path / f"{name}.pt", source="bua-caffe")

@@ -542,6 +542,35 @@ def test_detect_rois_gives_bounded_boxes_inside_the_image(tiny_detector):
     assert tiny_detector.training is False
 
 
+def test_rois_rule_bottom_up_keeps_the_proposal_boxes_the_released_rule_selects(tiny_detector):
+    """rois.rule bottom_up: detect_rois keeps what select_rois_bottom_up picks from the RPN's proposals (in the
+    input image's pixels) and each proposal's class scores; an unknown rule is refused naming the key."""
+    from vlbert_core.detector.extract import RoISelection, run_detector
+    from vlbert_core.detector.select import select_rois_bottom_up
+
+    rng = np.random.default_rng(1)
+    scene, _ = draw_scene(rng)
+    image = torch.from_numpy(np.array(scene.resize((80, 48)))).permute(2, 0, 1).float() / 255
+    section = {"rule": "bottom_up", "score_threshold": 0.2, "min_boxes": 4, "max_boxes": 100, "nms_iou": 0.3}
+    kwargs = RoISelection.from_config(section).kwargs()
+    assert kwargs == section
+    got = detect_rois(tiny_detector, [image], kwargs)[0]
+    _, scores, proposals = run_detector(tiny_detector, [image], with_proposals=True)[0]
+    assert float(proposals[:, 2].max()) <= 80 + 1e-3 and float(proposals[:, 3].max()) <= 48 + 1e-3
+    expected = select_rois_bottom_up(proposals, scores, score_threshold=0.2, min_boxes=4, max_boxes=100,
+                                     nms_iou=0.3, legacy_iou=False)
+    assert 4 <= len(got) <= len(proposals)
+    torch.testing.assert_close(got.boxes, expected.boxes.cpu())
+    torch.testing.assert_close(got.class_scores, expected.class_scores.cpu())
+    assert torch.equal(got.class_ids, expected.class_ids.cpu())
+    # the kept boxes are proposals, not regressed boxes
+    assert all(bool((proposals - box).abs().max(dim=1).values.min() < 1e-4) for box in got.boxes)
+    per_class = detect_rois(tiny_detector, [image], {**section, "rule": "per_class"})[0]
+    assert not torch.equal(per_class.boxes, got.boxes)
+    with pytest.raises(ValueError, match=r"rois\.rule must be one of per_class, bottom_up, not 'released'"):
+        RoISelection.from_config({**section, "rule": "released"})
+
+
 def _canonical_nms(boxes, scores, idxs, iou, k):
     """Greedy NMS by hand: boxes in order of score, equal scores by index; the first k survivors."""
     order = sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))

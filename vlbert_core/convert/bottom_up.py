@@ -279,6 +279,7 @@ def convert_bottom_up(in_path: str | os.PathLike, out_path: str | os.PathLike, *
         raise ValueError(f"bottom-up source {kind!r}: expected one of {list(SOURCES)}")
     tensors = _read_source(in_path)
     config, num_classes = infer_config(tensors, kind, in_path)
+    check_cell_anchors(tensors, config, in_path)
     with torch.device("meta"):
         target = build_detector(config, num_classes).state_dict()
     target_shapes = {k: tuple(v.shape) for k, v in target.items()}
@@ -309,6 +310,36 @@ def convert_bottom_up(in_path: str | os.PathLike, out_path: str | os.PathLike, *
              in_path, kind, out_path, len(report.mapped), len(report.dropped), len(report.filled),
              num_classes, config["num_attributes"])
     return report
+
+
+CELL_ANCHORS_KEY = re.compile(r"proposal_generator\.anchor_generator\.cell_anchors\.\d+")
+
+
+def check_cell_anchors(tensors: dict[str, torch.Tensor], config: dict[str, Any], in_path: Path) -> None:
+    """A file that stores its cell anchors (MILVLG's DefaultAnchorGenerator reads them from the checkpoint)
+    must hold the ones our generator computes from the converted config, in the same order: the RPN head's
+    channel a scores anchor a, so another order pairs every objectness and delta channel with the wrong box.
+    The buffer is then dropped (conversion_rules)."""
+    from ..detector.faster_rcnn import build_anchor_generator
+
+    stored = {k: v for k, v in tensors.items() if CELL_ANCHORS_KEY.fullmatch(k)}
+    if not stored:
+        return
+    ours = build_anchor_generator(config).cell_anchors[0].double()
+    if len(stored) != 1:
+        raise ConversionError(f"{in_path}: {len(stored)} cell-anchor buffers ({', '.join(sorted(stored))}); our RPN "
+                              "reads one feature map")
+    (key, theirs), = stored.items()
+    theirs = theirs.double()
+    if tuple(theirs.shape) != tuple(ours.shape):
+        raise ConversionError(f"{in_path}: {key} is {tuple(theirs.shape)}, but the config's anchors "
+                              f"(anchor_style {config.get('anchor_style')}) are {tuple(ours.shape)}")
+    difference = float((theirs - ours).abs().max())
+    if difference > 1e-3:
+        raise ConversionError(f"{in_path}: {key} differs from the anchors our generator computes "
+                              f"(anchor_style {config.get('anchor_style')}, sizes {config.get('anchor_sizes')}, ratios "
+                              f"{config.get('aspect_ratios')}) by up to {difference:.4g} px: the file's RPN was "
+                              "trained on other anchors or another order")
 
 
 # ---- the published layouts at any size, with reproducible random values (golden tests, convert.verify) ----
@@ -438,9 +469,30 @@ REFERENCE_STAGES = ("input", "res4", "proposals", "pooled", "features", "class_l
 PORT_SELECTION = {
     # airsplay demo_feature_extraction_attr.ipynb: fast_rcnn_inference_single_image, score 0.2, NMS 0.6, at most
     # 100 (our select_rois on the regressed per-class boxes, the same rule above 10)
-    "detectron2-attr": {"score_threshold": 0.2, "min_boxes": 10, "max_boxes": 100, "nms_iou": 0.6},
-    "bua-caffe": dict(RELEASED_ROIS, rule=None),
+    "detectron2-attr": {"rule": "per_class", "score_threshold": 0.2, "min_boxes": 10, "max_boxes": 100,
+                        "nms_iou": 0.6},
+    "bua-caffe": RELEASED_ROIS,
 }
+
+
+def match_kept_rois(our_boxes, our_classes, their_boxes, their_classes, atol: float = 1e-2):
+    """For each RoI the port kept, the row of ours with the same class and a box within `atol` px; None when
+    the two are not the same set (a count, class or box differs). Kept RoIs are matched by box, not by
+    proposal row: proposals whose objectness ties to fp32 rounding swap rows from one CPU's kernels to
+    another's."""
+    import numpy as np
+
+    our_boxes, their_boxes = np.asarray(our_boxes).reshape(-1, 4), np.asarray(their_boxes).reshape(-1, 4)
+    our_classes, their_classes = np.asarray(our_classes), np.asarray(their_classes)
+    if len(our_boxes) != len(their_boxes):
+        return None
+    rows = []
+    for box, cls in zip(their_boxes, their_classes):
+        same = np.flatnonzero((our_classes == cls) & (np.abs(our_boxes - box).max(axis=1, initial=0) <= atol))
+        if len(same) != 1:
+            return None
+        rows.append(int(same[0]))
+    return np.array(rows, dtype=np.int64) if sorted(rows) == list(range(len(our_boxes))) else None
 
 
 def compare_with_port(checkpoint: str | os.PathLike, kind: str, reference: str | os.PathLike,
@@ -535,22 +587,21 @@ def compare_with_port(checkpoint: str | os.PathLike, kind: str, reference: str |
                    None if theirs64 is None else (ours_order(theirs64) if d2 else theirs64))
         scores = torch.from_numpy(stages["class_scores"]).float()
         rule = {k: v for k, v in PORT_SELECTION[kind].items() if k != "rule"}
-        if d2:
+        if PORT_SELECTION[kind]["rule"] == "per_class":
             selected = select_rois(torch.from_numpy(stages["boxes_per_class"]).float(), scores, **rule)
         else:
             selected = select_rois_bottom_up(torch.from_numpy(stages["proposals_original"]).float(), scores, **rule)
         ours_ids, their_ids = selected.proposals.numpy(), get("kept_ids")
         if their_ids is None:
             continue
-        if not d2 and set(ours_ids.tolist()) == set(their_ids.tolist()):
-            order = np.array([int(np.flatnonzero(ours_ids == j)[0]) for j in their_ids], dtype=np.int64)
-        else:
-            order = np.arange(len(ours_ids))
-        same = len(ours_ids) == len(their_ids) and bool((ours_ids[order] == their_ids).all()) and \
-            bool(((selected.class_ids.numpy()[order] - 1) == get("kept_classes")).all())
+        order = match_kept_rois(selected.boxes.numpy(), selected.class_ids.numpy() - 1, get("kept_boxes"),
+                                get("kept_classes"))
+        same = order is not None
+        # the port's MILVLG path keeps proposal order; airsplay's and ours sort by score
+        in_order = same and (not d2 or bool((np.diff(order) > 0).all()))
         same_all &= same
-        kept_lines.append(f"{Path(path).name}: {len(ours_ids)} kept, the port {len(their_ids)}; same proposals, order "
-                          f"and classes: {same}")
+        kept_lines.append(f"{Path(path).name}: {len(ours_ids)} kept, the port {len(their_ids)}; same boxes and "
+                          f"classes: {same}" + (f", same order: {in_order}" if d2 and same else ""))
         if same:
             record("kept_boxes", selected.boxes.numpy()[order], get("kept_boxes"), None)
             record("kept_scores", selected.scores.numpy()[order], get("kept_scores"), None)

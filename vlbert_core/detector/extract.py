@@ -27,22 +27,30 @@ from ..typed_settings import read_fields
 from ..utils import get_logger
 from .faster_rcnn import clip_boxes_legacy, uses_legacy_boxes
 from .images import decode_image, to_unit_float
-from .select import SelectedRoIs, select_rois
+from .select import SelectedRoIs, select_rois, select_rois_bottom_up
 from .train import load_detector
 
 log = get_logger(__name__)
 
+# rois.rule: which function picks an image's RoIs from the detector's outputs
+SELECTION_RULES = ("per_class", "bottom_up")
 
 
 @dataclass(frozen=True)
 class RoISelection:
-    """The `rois:` section's selection rule (select_rois), typed once; `kwargs()` is also what a RoI parquet's
-    metadata records."""
+    """The `rois:` section's selection rule, typed once: `per_class` (select_rois, DESIGN §4) or `bottom_up`
+    (select_rois_bottom_up, the released bottom-up-attention features' rule). `kwargs()` is what detect_rois
+    takes and what a RoI parquet's metadata records."""
 
     score_threshold: float
     min_boxes: int
     max_boxes: int
     nms_iou: float
+    rule: str = "per_class"
+
+    def __post_init__(self):
+        if self.rule not in SELECTION_RULES:
+            raise ValueError(f"config rois.rule must be one of {', '.join(SELECTION_RULES)}, not {self.rule!r}")
 
     @classmethod
     def from_config(cls, rois_cfg: Mapping[str, Any], where: str = "rois") -> "RoISelection":
@@ -50,7 +58,7 @@ class RoISelection:
 
     def kwargs(self) -> dict[str, Any]:
         return {"score_threshold": self.score_threshold, "min_boxes": self.min_boxes, "max_boxes": self.max_boxes,
-                "nms_iou": self.nms_iou}
+                "nms_iou": self.nms_iou, "rule": self.rule}
 
 
 @dataclass(frozen=True)
@@ -93,10 +101,13 @@ def _backbone_features(model, images: Sequence[torch.Tensor], device: torch.devi
     return image_list, features, original_sizes
 
 
-def run_detector(model: torch.nn.Module, images: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def run_detector(model: torch.nn.Module, images: Sequence[torch.Tensor], *,
+                 with_proposals: bool = False) -> list[tuple[torch.Tensor, ...]]:
     """The detector network on a batch of images ([3, H, W] float in [0, 1]): per image, the box
     regressed for every proposal and foreground class, [P, K, 4] in the pixels of the input image
-    (clipped to it), and the proposal's class-score vector [P, K+1] (softmax, background at 0).
+    (clipped to it), and the proposal's class-score vector [P, K+1] (softmax, background at 0);
+    `with_proposals` adds a third element, the RPN's proposals [P, 4] in the input image's pixels
+    (what the bottom-up rule keeps as boxes).
 
     Runs the Faster R-CNN stages by hand so that every box keeps the class-score vector of its
     proposal (torchvision's postprocess_detections drops it). This is the bare detector forward
@@ -137,6 +148,8 @@ def run_detector(model: torch.nn.Module, images: Sequence[torch.Tensor]) -> list
                 else:
                     boxes = box_ops.clip_boxes_to_image(boxes, resized) * ratio
                 results.append((boxes[:, 1:], scores))
+            if with_proposals:
+                results = [(*result, p * r) for result, p, r in zip(results, proposals, ratios)]
     finally:
         model.train(was_training)
     return results
@@ -197,14 +210,19 @@ def detector_stages(model: torch.nn.Module, images: Sequence[torch.Tensor]) -> l
 def detect_rois(model: torch.nn.Module, images: Sequence[torch.Tensor], select_kwargs: Mapping[str, Any]) -> list[SelectedRoIs]:
     """Detect and select the RoIs of a batch of images ([3, H, W] float in [0, 1]).
 
-    `run_detector`, then the DESIGN §4 rule (`select_rois`) per image. Boxes come back in the
-    pixel coordinates of the input images, on the CPU.
+    `run_detector`, then per image the rule `select_kwargs["rule"]` names (RoISelection; without it the
+    DESIGN §4 rule, `select_rois`). Boxes come back in the pixel coordinates of the input images, on the CPU.
     """
     results = []
     legacy = uses_legacy_boxes(model)
+    kwargs = {key: value for key, value in select_kwargs.items() if key != "rule"}
+    bottom_up = select_kwargs.get("rule", "per_class") == "bottom_up"
     with torch.inference_mode():
-        for boxes_per_class, class_scores in run_detector(model, images):
-            selected = select_rois(boxes_per_class, class_scores, **select_kwargs, legacy_iou=legacy)
+        for boxes_per_class, class_scores, *proposals in run_detector(model, images, with_proposals=bottom_up):
+            if bottom_up:
+                selected = select_rois_bottom_up(proposals[0], class_scores, **kwargs, legacy_iou=legacy)
+            else:
+                selected = select_rois(boxes_per_class, class_scores, **kwargs, legacy_iou=legacy)
             results.append(SelectedRoIs(*(t.cpu() for t in (selected.boxes, selected.scores,
                                                               selected.class_ids, selected.class_scores))))
     return results
@@ -306,7 +324,8 @@ def extract_rois_to_parquet(
                     continue
                 sel = next(selections)
                 if len(sel) < select_kwargs["min_boxes"]:
-                    # select_rois tops up to min_boxes, so this happens only when P proposals x K classes < min_boxes
+                    # both rules top up to min_boxes, so this happens only when the proposals (x K classes for
+                    # per_class) are fewer than min_boxes
                     error = (f"the detector gives {len(sel)} candidate boxes, rois.min_boxes is "
                              f"{select_kwargs['min_boxes']}")
                     log.warning("%s: %s (%s)", key, STATUS_TOO_FEW_BOXES, error)
