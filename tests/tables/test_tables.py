@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +108,9 @@ def make_evals(results: Path) -> dict[Path, dict]:
                     "split": col.eval_split, "num_examples": 100 + k,
                     "predictions": str(path.with_suffix(".predictions.json")),
                     "setting": setting, "schedule": spec.schedule,
+                    # the split's no-model score (Task.baseline); refcoco_det's is not computed
+                    "baseline": None if col.eval_task == "refcoco_det" else 20.0 + k / 11.0,
+                    "baseline_kind": f"chance of {col.eval_task} {col.eval_split}",
                 }
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps(record))
@@ -177,6 +181,35 @@ def test_measured_cells_equal_their_eval_json(tables):
     )
 
 
+def test_the_last_row_is_each_columns_baseline_from_the_eval_json_with_what_it_is(tables):
+    written, records = tables
+    for name, path in written.items():
+        spec, rows = TABLE_SPECS[name], read_rows(path)
+        assert [r["source"] for r in rows].count("baseline") == 1 and rows[-1]["source"] == "baseline"
+        first_setting = (spec.settings or SETTINGS)[0]
+        for col in spec.measured_columns():
+            record = records[path.parents[1] / "eval" / col.eval_task / first_setting / spec.schedule /
+                              f"{col.eval_split}.json"]
+            if record["baseline"] is None:
+                assert rows[-1][col.name] == ""
+            else:
+                assert float(rows[-1][col.name]) == record["baseline"]
+            assert f"{col.title}: {record['baseline_kind']}" in rows[-1]["note"]
+        markdown = path.with_suffix(".md").read_text(encoding="utf-8")
+        assert "Baseline row, what a model that learns nothing scores" in markdown
+    table4 = markdown_rows(written["table4_ablation"].with_suffix(".md"))
+    assert table4[-1][0] == "baseline (no model)" and table4[-1][-1].startswith("– / ")
+
+
+def test_an_eval_json_without_a_baseline_is_refused_naming_it(tmp_path):
+    results = tmp_path / "results"
+    records = make_evals(results)
+    path = next(p for p, r in records.items() if r["task"] == "vqa")
+    path.write_text(json.dumps({k: v for k, v in records[path].items() if not k.startswith("baseline")}))
+    with pytest.raises(ValueError, match=re.escape(str(path)) + " has no 'baseline'"):
+        write_tables(results, results / "tables", SETTINGS, "synthetic", MODEL_CFG)
+
+
 def test_reported_cells_equal_the_paper(tables):
     written, _ = tables
     for name, paper_rows in PAPER_TABLES.items():
@@ -223,6 +256,9 @@ def test_markdown_twins_show_the_paper_and_our_numbers(tables):
             if csv_row["source"] == "reported":
                 _, _, values = next(paper)
                 assert md_row[2:] == [v if v is not None else "–" for v in values]  # the paper's precision
+            elif csv_row["source"] == "baseline":
+                assert md_row[2:] == [f"{float(csv_row[c.name]):.{spec.decimals}f}" if csv_row[c.name] else "–"
+                                      for c in spec.columns]
             else:
                 for col, cell in zip(spec.columns, md_row[2:]):
                     expected = (f"{records[Path(csv_row[f'{col.name}_eval'])]['value']:.{spec.decimals}f}"
@@ -237,7 +273,8 @@ def test_table4_reads_at_a_glance_settings_as_rows_paper_beside_ours(tables):
     measured = [r for r in rows if r["source"] == "measured"]
     assert [r["setting"] for r in measured] == SETTINGS
     md_rows = markdown_rows(written["table4_ablation"].with_suffix(".md"))
-    assert [r[0] for r in md_rows] == [model for model, _, _ in PAPER_TABLES["table4_ablation"]]
+    assert [r[0] for r in md_rows] == [model for model, _, _ in PAPER_TABLES["table4_ablation"]] + \
+        ["baseline (no model)"]
     for md_row, ours, (_, setting, values) in zip(md_rows, measured, PAPER_TABLES["table4_ablation"]):
         assert "".join(cell or " " for cell in md_row[1:6]) == PAPER_SWITCHES[setting]
         assert [ours[s] for s in ["mlm_visual", "masked_roi_cls", "relationship", "text_corpus", "tune_frcnn"]] \
@@ -325,7 +362,7 @@ def test_p_values_against_none_are_the_paired_tests_of_the_predictions(tmp_path)
         for row in rows:
             for col in (c for c in spec.columns if c.eval_task):
                 cell = row[f"{col.name}_p_vs_none"]
-                if row["source"] == "reported" or row["setting"] == "none":
+                if row["source"] in ("reported", "baseline") or row["setting"] == "none":
                     assert cell == ""
                     continue
                 ours, base = row["setting"], "none"

@@ -164,23 +164,25 @@ def _answers(values):
     return [{"answer": a, "answer_confidence": "yes", "answer_id": i + 1} for i, a in enumerate(values)]
 
 
-def _write_vqa(tmp_path: Path, humans: dict[int, list[str]]) -> dict:
-    questions = {"info": {}, "license": {}, "task_type": "Open-Ended", "data_type": "mscoco",
-                 "data_subtype": "val2014",
-                 "questions": [{"image_id": 1, "question": "q?", "question_id": q} for q in humans]}
-    # annotations in the reverse order: the official sum runs in this order
-    annotations = {"info": {}, "license": {}, "data_subtype": "val2014",
-                   "annotations": [{"question_id": q, "image_id": 1, "question_type": "what",
-                                    "answer_type": "other", "multiple_choice_answer": a[0],
-                                    "answers": _answers(a)} for q, a in reversed(humans.items())]}
-    (tmp_path / "q_val.json").write_text(json.dumps(questions))
-    (tmp_path / "a_val.json").write_text(json.dumps(annotations))
+def _write_vqa(tmp_path: Path, humans: dict[int, list[str]], train: dict[int, list[str]] | None = None) -> dict:
+    """val from `humans`, train from `train` (default: the same questions)."""
+    for split, split_humans in (("val", humans), ("train", train or humans)):
+        questions = {"info": {}, "license": {}, "task_type": "Open-Ended", "data_type": "mscoco",
+                     "data_subtype": f"{split}2014",
+                     "questions": [{"image_id": 1, "question": "q?", "question_id": q} for q in split_humans]}
+        # annotations in the reverse order: the official sum runs in this order
+        annotations = {"info": {}, "license": {}, "data_subtype": f"{split}2014",
+                       "annotations": [{"question_id": q, "image_id": 1, "question_type": "what",
+                                        "answer_type": "other", "multiple_choice_answer": a[0],
+                                        "answers": _answers(a)} for q, a in reversed(split_humans.items())]}
+        (tmp_path / f"q_{split}.json").write_text(json.dumps(questions))
+        (tmp_path / f"a_{split}.json").write_text(json.dumps(annotations))
     return {"questions": str(tmp_path / "q_{split}.json"), "annotations": str(tmp_path / "a_{split}.json")}
 
 
 def test_vqa_predictions_file_is_the_official_results_format(tmp_path):
     humans = {11: ["yes"] * 10, 12: ["2"] * 3 + ["3"] * 7, 13: ["dog"] * 4 + ["cat"] * 6}
-    sources = _write_vqa(tmp_path, humans)
+    sources = _write_vqa(tmp_path, humans, train={21: ["dog"] * 10, 22: ["dog"] * 10, 23: ["cat"] * 10})
     rows = [{"question_id": 11, "answer": "Yes"}, {"question_id": 12, "answer": "two"},
             {"question_id": 13, "answer": "a dog"}]
     (tmp_path / "bundle.json").write_text(json.dumps({"model_dir": "m", "predictions": {"vqa/val": rows}}))
@@ -191,6 +193,8 @@ def test_vqa_predictions_file_is_the_official_results_format(tmp_path):
     # 4 matches -> 1.0. round(100 * 1.9 / 3, 2) = 63.33 (normalising every prediction gave 96.67)
     assert result["value"] == 63.33
     assert json.loads((tmp_path / "eval.json").read_text())["value"] == 63.33
+    # the baseline: always "dog", the most frequent train answer: right on question 13 only
+    assert result["baseline"] == 33.33 and result["baseline_kind"].startswith("majority: always 'dog'")
 
     # what the official loadRes accepts: a JSON list of {"question_id", "answer"}, every question
     # of the annotations exactly once; each row also carries its question's accuracy (a key loadRes
@@ -332,3 +336,24 @@ def test_scored_vcr_rows_carry_per_example_correctness(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps([{"annot_id": "val-0"}]))
     with pytest.raises(ValueError, match=r"bad.json row #0: no usable KeyError\('correct'\)"):
         registry.get_task("vcr_q2a").example_outcomes("vcr_q2a", [tmp_path / "bad.json"])
+
+
+def test_refcoco_ground_truth_chance_is_the_share_of_right_candidates_per_expression():
+    def expression(ref_id, image_id, box):
+        return refcoco_lib.RefExpression(ref_id=ref_id, sent_id=ref_id, ann_id=ref_id, image_id=image_id, split="val",
+                                         sentence="the dog", category_id=1, image_key=str(image_id), image_w=100,
+                                         image_h=100, gt_box=np.array(box, dtype=np.float64))
+
+    boxes = {1: np.array([[0, 0, 9, 9], [1, 1, 9, 9], [50, 50, 59, 59], [70, 70, 79, 79]], dtype=np.float64),
+             2: np.array([[0, 0, 9, 9], [50, 50, 59, 59]], dtype=np.float64)}
+    data = refcoco_lib.RefcocoData(expressions=[expression(1, 1, [0, 0, 9, 9]), expression(2, 2, [50, 50, 59, 59])],
+                                   image_boxes=boxes, image_ann_ids={}, image_files={})
+    # image 1: two of four candidates overlap the target at IoU >= 0.5 (81 / 100); image 2: one of two
+    assert refcoco_lib.ground_truth_chance(data) == pytest.approx(100 * (2 / 4 + 1 / 2) / 2)
+    task = refcoco_lib.RefcocoTask()
+    assert task.baseline("refcoco_det", "val", {}).value is None
+
+
+def test_vcr_baselines_are_chance_over_the_candidates():
+    assert vcr_lib.VcrQ2ATask().baseline("vcr_q2a", "val", {}).value == 25.0
+    assert vcr_lib.VcrQA2RTask().baseline("vcr_qa2r", "val", {}).value == 25.0

@@ -457,7 +457,10 @@ def _evaluate(model_dir: Path, targets: list[tuple[str, str]], out: Path, source
 def _check_eval(path: Path, task: str, metric: str, split: str, num_examples: int) -> dict:
     result = json.loads(path.read_text())
     assert set(result) == {"task", "metric", "value", "split", "num_examples", "predictions", "setting",
-                           "schedule", "model_dir", "dataset"}
+                           "schedule", "model_dir", "dataset", "baseline", "baseline_kind"}
+    # what a model that learns nothing scores on this split (Task.baseline): a percent, or none with why
+    assert result["baseline"] is None or 0.0 < result["baseline"] <= 100.0, result
+    assert result["baseline_kind"].startswith(("chance", "majority", "none computed")), result
     assert (result["task"], result["metric"], result["split"], result["num_examples"]) == \
         (task, metric, split, num_examples)
     assert 0.0 <= result["value"] <= 100.0 and isinstance(result["value"], float)

@@ -6,7 +6,9 @@ count, so a number can always be traced to the predictions it was computed from.
 `note` says why; it is never filled with the paper's number.
 
 CSV layout (one file per table, `results/tables/{name}.csv`):
-- one row per model; `source` is `reported` (the paper's number, Su et al. ICLR 2020) or `measured`;
+- one row per model; `source` is `reported` (the paper's number, Su et al. ICLR 2020) or `measured`,
+  and a last row `baseline`: each measured column's chance or majority score (Task.baseline; the note
+  says which), what a model that learns nothing scores;
 - a measured row sits right below the paper's row of the same setting, so each setting reads as
   "paper, then ours";
 - the metric columns come first and side by side: `{col}` (the row's number) and, on measured rows,
@@ -275,7 +277,33 @@ def build_table(
     rows += [measured_row(s, None) for s in measured_settings if s not in placed]
     if spec.released_row and RELEASED_SETTING in settings:
         rows.append(measured_row(RELEASED_SETTING, None))
+    if measured_settings:
+        rows.append(baseline_row(spec, results_dir, measured_settings[0], dataset))
     return rows
+
+
+BASELINE_ROW_MODEL = "baseline: chance or majority (no model)"
+
+
+def baseline_row(spec: TableSpec, results_dir: Path, setting: str, dataset: str) -> dict:
+    """The last row: each measured column's no-model score (the eval JSON's `baseline`, Task.baseline, which
+    depends on the split only, so one setting's eval JSON gives it) and, in the note, what each one is."""
+    row = {"source": "baseline", "model": BASELINE_ROW_MODEL, "setting": "", "schedule": "", "dataset": dataset}
+    notes = []
+    for col in spec.measured_columns():
+        path = eval_json_path(results_dir, col.eval_task, setting, spec.schedule, col.eval_split)
+        record = read_eval(path)
+        if "baseline_kind" not in record:
+            raise ValueError(f"eval JSON {path} has no 'baseline' / 'baseline_kind': it was written before the "
+                             "baselines; re-run its evaluate job")
+        if record["baseline"] is not None:
+            row[col.name] = float(record["baseline"])
+            row[f"{col.name}_split"] = col.split_label or record["split"]
+            row[f"{col.name}_examples"] = int(record["num_examples"])
+            row[f"{col.name}_eval"] = str(path)
+        notes.append(f"{col.title}: {record['baseline_kind']}")
+    row["note"] = "; ".join(notes)
+    return row
 
 
 def write_csv(rows: list[dict], header: list[str], path: Path) -> None:
@@ -324,13 +352,19 @@ def markdown_table(spec: TableSpec, rows: list[dict], dataset: str) -> str:
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         by_setting: dict[str, dict[str, dict]] = {}
         for row in rows:
-            by_setting.setdefault(row["setting"], {})[row["source"]] = row
+            if row["source"] != "baseline":
+                by_setting.setdefault(row["setting"], {})[row["source"]] = row
         for setting, pair in by_setting.items():
             paper, measured = pair.get("reported", {}), pair.get("measured", {})
             switches = switch_cells(setting) if spec.switch_columns else {}
             cells = [SETTING_NAMES[setting]] + [switches[s] for s in SWITCH_COLUMNS if s in switches]
             cells += [f"{fmt(paper.get(c.name))} / {ours(measured, c)}" for c in spec.columns]
             lines.append("| " + " | ".join(cells) + " |")
+        for row in rows:
+            if row["source"] == "baseline":
+                cells = ["baseline (no model)"] + [""] * len([s for s in SWITCH_COLUMNS if spec.switch_columns])
+                cells += [f"– / {fmt(row.get(c.name))}" for c in spec.columns]
+                lines.append("| " + " | ".join(cells) + " |")
     else:
         header = ["source", "model"] + [c.title for c in spec.columns]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -351,6 +385,9 @@ def markdown_table(spec: TableSpec, rows: list[dict], dataset: str) -> str:
     for row in measured:
         if row["note"].startswith("not run: setting"):
             lines.append(f"- {row['model']}: {row['note']}.")
+    for row in rows:
+        if row["source"] == "baseline":
+            lines.append(f"- Baseline row, what a model that learns nothing scores: {row['note']}.")
     if any(p_column(c) in r for r in measured for c in spec.columns):
         lines.append(f"- (p=…): the p-value of a paired test of that row's predictions against setting "
                      f"`{BASELINE_SETTING}`'s on the same examples (exact McNemar on per-example correctness, "

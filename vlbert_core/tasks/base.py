@@ -33,6 +33,18 @@ class TableColumn:
 
 
 @dataclass(frozen=True)
+class Baseline:
+    """A column's no-model score (percent; None: not computed) and what it is, in words."""
+
+    value: float | None
+    kind: str
+
+    def fields(self) -> dict:
+        """The eval JSON's keys for it."""
+        return {"baseline": self.value, "baseline_kind": self.kind}
+
+
+@dataclass(frozen=True)
 class PaperTable:
     """A task's own table of the paper (Tables 1–3), measured at the full fine-tuning schedule."""
 
@@ -217,6 +229,11 @@ class Task:
                 raise ValueError(f"predictions {path} row #{i}: example {key} appears twice")
             outcomes[key] = value
         return outcomes
+
+    def baseline(self, eval_task: str, split: str, sources: Mapping[str, str]) -> Baseline:
+        """What a model that learns nothing scores on this split (chance, or the training split's majority
+        answer), from the annotation files alone; torch-free. The eval JSON and the tables carry it."""
+        return Baseline(None, f"no baseline defined for eval task {eval_task}")
 
     def secondary_metrics(self, eval_task: str, split: str, scored_rows: list[dict]) -> dict[str, float]:
         """More numbers for the eval JSON beside `metric`, from the rows `score` returned (the custom

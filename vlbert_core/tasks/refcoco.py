@@ -21,7 +21,7 @@ import numpy as np
 from vlbert_core.utils import get_logger
 from vlbert_core.safe_pickle import UnsafePickleError, load_pickle
 
-from .base import (PaperTable, TableColumn, Task, TaskHeads, TaskLoss, check_prediction_ids, check_text_fits,
+from .base import (Baseline, PaperTable, TableColumn, Task, TaskHeads, TaskLoss, check_prediction_ids, check_text_fits,
                    model_side, query_text)
 
 log = get_logger(__name__)
@@ -240,6 +240,14 @@ def score_refcoco(rows: list[dict], refs_path: str, instances_path: str, split: 
     return value, scored
 
 
+def ground_truth_chance(data: RefcocoData) -> float:
+    """Percent of expressions a uniformly drawn candidate of the image answers right, in expectation: per
+    expression, the share of the image's annotated boxes at IoU >= 0.5 with the referred object's."""
+    shares = [float((box_iou(data.image_boxes[e.image_id], e.gt_box[None]) >= CORRECT_IOU).mean())
+              for e in data.expressions]
+    return 100.0 * float(np.mean(shares)) if shares else 0.0
+
+
 REFCOCO_TABLE = PaperTable(
     "table3_refcoco",
     "Table 3: RefCOCO+ accuracy (%)",
@@ -365,3 +373,11 @@ class RefcocoTask(Task):
 
     def score(self, eval_task, split, rows, sources, where):
         return score_refcoco(rows, sources["refs"], sources["instances"], split, where)
+
+    def baseline(self, eval_task, split, sources):
+        if eval_task != "refcoco_gt":
+            return Baseline(None, "none computed: the detected track's candidates are the RoI parquet's boxes, "
+                                  "which scoring does not read")
+        data = load_refcoco(sources["refs"], sources["instances"], split)
+        return Baseline(ground_truth_chance(data), "chance: a box drawn uniformly from the image's annotated "
+                                                   "objects (the ground-truth track's candidates)")

@@ -37,7 +37,7 @@ import numpy as np
 
 from vlbert_core.utils import get_logger
 
-from .base import TableColumn, Task, TaskHeads, TaskLoss, check_text_fits, model_side, query_text
+from .base import Baseline, TableColumn, Task, TaskHeads, TaskLoss, check_text_fits, model_side, query_text
 
 log = get_logger(__name__)
 
@@ -340,6 +340,10 @@ class RetrievalTask(Task):
 
     def score(self, eval_task, split, rows, sources, where):
         return score_retrieval(rows, load_split(sources, split), where)
+
+    def baseline(self, eval_task, split, sources):
+        num_images = len(load_split(sources, split).images)
+        return Baseline(100.0 / num_images, f"chance: 1 of the split's {num_images} images ranked first")
 
     def secondary_metrics(self, eval_task, split, scored_rows):
         ranks = [row["rank"] for row in scored_rows]

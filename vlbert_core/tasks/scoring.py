@@ -9,7 +9,8 @@ Eval JSON schema (the tables read exactly this):
 
     {"task", "metric", "value" (percent; VQA's rounded to 2 digits as the official code
      reports it), "split", "num_examples", "predictions" (path), "setting", "schedule",
-     "model_dir", "dataset"} and the task's secondary metrics (a custom task's "macro_f1")
+     "model_dir", "dataset", "baseline" (percent, or null), "baseline_kind" (what it is: chance or
+     the majority answer, Task.baseline)} and the task's secondary metrics (a custom task's "macro_f1")
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def evaluate_predictions(eval_task: str, split: str, bundle_path: str | os.PathL
     result = {"task": eval_task, "metric": task.metric, "value": value, "split": split,
               "num_examples": len(out_rows), "predictions": str(predictions_path),
               "setting": setting, "schedule": schedule, "model_dir": model_dir, "dataset": dataset,
-              **task.secondary_metrics(eval_task, split, out_rows)}
+              **task.secondary_metrics(eval_task, split, out_rows),
+              **task.baseline(eval_task, split, sources).fields()}
     with atomic_path(json_path) as tmp:
         tmp.write_text(json.dumps(result, indent=1) + "\n")
     log.info("%s %s: %s = %.2f over %d examples", eval_task, split, result["metric"], value, len(out_rows))

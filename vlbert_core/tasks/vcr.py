@@ -25,6 +25,7 @@ from vlbert_core.utils import get_logger
 
 from .base import (
     NO_TEST_LABELS,
+    Baseline,
     PaperTable,
     TableColumn,
     Task,
@@ -381,7 +382,9 @@ def write_q2ar_json(q2a_path: str | os.PathLike, qa2r_path: str | os.PathLike,
     result = {"task": Q2AR, "metric": "accuracy", "value": value, "split": split,
               "num_examples": count, "predictions": str(q2a_path),
               "predictions_qa2r": str(qa2r_path), "setting": setting, "schedule": schedule,
-              "model_dir": None, "dataset": dataset}
+              "model_dir": None, "dataset": dataset,
+              **Baseline(100.0 / NUM_CANDIDATES ** 2, f"chance: 1 of the {NUM_CANDIDATES} answers, then 1 of the "
+                                                       f"{NUM_CANDIDATES} rationales").fields()}
     with atomic_path(json_path) as tmp:
         tmp.write_text(json.dumps(result, indent=1) + "\n")
     log.info("%s %s: accuracy = %.2f over %d questions", Q2AR, split, value, count)
@@ -635,6 +638,9 @@ class VcrTask(Task):
 
     def score(self, eval_task, split, rows, sources, where):
         return score_vcr(rows, split_path(sources["annotations"], split), self.mode, where)
+
+    def baseline(self, eval_task, split, sources):
+        return Baseline(100.0 / NUM_CANDIDATES, f"chance: 1 of the {NUM_CANDIDATES} candidates")
 
 
 

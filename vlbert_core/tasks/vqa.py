@@ -35,6 +35,7 @@ from vlbert_core.utils import get_logger
 
 from .base import (
     NO_TEST_LABELS,
+    Baseline,
     PaperTable,
     TableColumn,
     Task,
@@ -540,3 +541,12 @@ class VqaTask(Task):
     def score(self, eval_task, split, rows, sources, where):
         return score_vqa(rows, split_path(sources["questions"], split),
                          split_path(sources["annotations"], split), where)
+
+    def baseline(self, eval_task, split, sources):
+        train = load_vqa(split_path(sources["questions"], self.train_split),
+                         split_path(sources["annotations"], self.train_split))
+        (answer,) = build_answer_vocab(train, 1)
+        held_out = sorted(load_vqa(split_path(sources["questions"], split), split_path(sources["annotations"], split)),
+                          key=lambda q: q.annotation_index)
+        value = vqa_overall_accuracy([vqa_accuracy(answer, q.answers) for q in held_out])
+        return Baseline(value, f"majority: always {answer!r}, the most frequent {self.train_split} answer")

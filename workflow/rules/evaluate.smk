@@ -7,8 +7,9 @@ rule evaluate:
         predictions=lambda wc: finetune_predictions(
             eval_to_finetune_task(wc.eval_task), wc.setting, wc.schedule
         ),
+        # and the train split's: a majority baseline counts its answers (Task.baseline)
         annotations=lambda wc: source_files(
-            finetune_dataset(eval_to_finetune_task(wc.eval_task)), [wc.split]
+            finetune_dataset(eval_to_finetune_task(wc.eval_task)), [wc.split, "train"]
         ),
     output:
         json="results/eval/{eval_task}/{setting}/{schedule}/{split}.json",
