@@ -4,7 +4,8 @@ Snakemake re-runs a job when its rule's `script:` changes, but it does not see t
 modules that script imports. `code_fingerprint(root, script, task)` hashes the script and every
 `vlbert_core` module it imports, directly or through other modules (found by reading their
 import statements, including imports inside functions, the modules they name in a string to import
-on use, as the model registry does, and the `__init__.py` of every package on the way). A job whose fingerprint changes is re-run, and Snakemake re-runs its downstream jobs
+on use, as the model registry does, the submodule a lazy package's `_SUBMODULE_OF` table loads an imported
+name from, as vlbert_core.detector does, and the `__init__.py` of every package on the way). A job whose fingerprint changes is re-run, and Snakemake re-runs its downstream jobs
 because their inputs change.
 
 Task-specific code is kept apart: the modules a registered task lists as its own
@@ -79,6 +80,20 @@ CONVERTER_COMMAND = "vlbert_core.convert.__main__"
 CONVERTERS = "vlbert_core.convert."
 
 
+# A lazy package (its __init__ loads each name from a submodule on first use): `_SUBMODULE_OF = {"name": "sub"}`
+_LAZY_TABLE = re.compile(r"^_SUBMODULE_OF[^=]*=\s*\{(.*?)\}", re.MULTILINE | re.DOTALL)
+_LAZY_ENTRY = re.compile(r"[\"'](\w+)[\"']\s*:\s*[\"'](\w+)[\"']")
+
+
+def _lazy_submodules(root: Path, package: str) -> dict[str, str]:
+    """{name: dotted submodule} of a lazy package's `_SUBMODULE_OF` table; {} for any other module."""
+    init = root.joinpath(*package.split("."), "__init__.py")
+    if not init.is_file():
+        return {}
+    table = _LAZY_TABLE.search(_source(init, init.stat().st_mtime_ns))
+    return {name: f"{package}.{sub}" for name, sub in _LAZY_ENTRY.findall(table.group(1))} if table else {}
+
+
 def _names(clause: str) -> list[str]:
     """`a, b as c` / `(a,\n b)` -> ["a", "b"]."""
     clause = re.sub(r"#[^\n]*", "", clause).strip("()\\ \t\n")
@@ -107,6 +122,8 @@ def _imported_modules(root: Path, path: Path) -> frozenset[str]:
             module = ".".join(base_parts + ([module[level:]] if module[level:] else []))
         names.add(module)
         names.update(f"{module}.{name}" for name in _names(clause))  # `from pkg import submodule`
+        lazy = _lazy_submodules(root, module) if module.split(".")[0] == PACKAGE else {}
+        names.update(lazy[name] for name in _names(clause) if name in lazy)  # `from lazy_pkg import a_name`
     for match in _IMPORT.finditer(source):
         names.update(_names(match.group(1)))
     names.update(name for name in _named_modules(source) if not name.startswith(CONVERTERS))

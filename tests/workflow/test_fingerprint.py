@@ -105,3 +105,23 @@ def test_every_rule_that_runs_a_script_passes_its_code_fingerprint():
             if re.search(r"^\s+script:", block, flags=re.M) and not re.search(r"^\s+code=", block, flags=re.M):
                 missing.append(f"{smk.name}: rule {name}")
     assert not missing, f"rules that run a script without a `code=` param: {missing}"
+
+
+def test_a_name_a_lazy_package_loads_on_use_brings_its_submodule(tree):
+    """`from vlbert_core.detector import train_detector` runs detector/train.py (detector/__init__.py loads it
+    on first use through its `_SUBMODULE_OF` table): editing it must re-run the detector's training, and
+    editing the RoI selection the RoI extraction."""
+    def jobs():
+        return {script: code_fingerprint(tree, f"workflow/scripts/{script}.py")
+                for script in ("train_detector", "extract_rois", "pretrain")}
+
+    before = jobs()
+    train = tree / "vlbert_core" / "detector" / "train.py"
+    train.write_text(train.read_text(encoding="utf-8") + "\nEXTRA = 1\n", encoding="utf-8")
+    after = jobs()
+    assert after["train_detector"] != before["train_detector"]
+    select = tree / "vlbert_core" / "detector" / "select.py"
+    select.write_text(select.read_text(encoding="utf-8") + "\nEXTRA = 1\n", encoding="utf-8")
+    assert jobs()["extract_rois"] != after["extract_rois"]
+    files = {str(p.relative_to(tree)) for p in code_files(tree, "workflow/scripts/train_detector.py")}
+    assert {"vlbert_core/detector/train.py", "vlbert_core/detector/faster_rcnn.py"} <= files

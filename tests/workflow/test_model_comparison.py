@@ -54,7 +54,8 @@ def make_comparison_run(results: Path) -> None:
                 value = 100.0 * sum(r[task.outcome_field] for r in rows) / EXAMPLES
                 path.write_text(json.dumps({"task": col.eval_task, "value": value, "split": col.eval_split,
                                             "num_examples": EXAMPLES, "predictions": "p",
-                                            "recall_at_5": value + 10, "recall_at_10": value + 20}))
+                                            "recall_at_5": value + 10, "recall_at_10": value + 20,
+                                            "baseline": 2.5, "baseline_kind": "chance"}))
                 path.with_suffix(".predictions.json").write_text(json.dumps(rows))
             if setting in zero_shot_settings():
                 path = zero_shot_eval_path(root, setting)
@@ -95,7 +96,9 @@ def test_the_retrieval_table_has_fine_tuned_and_zero_shot_recalls_beside_the_vil
     csv_path = write_retrieval_table(results, results / "tables", SEEDS, 0, "synthetic")
     with open(csv_path, newline="", encoding="utf-8") as f:
         rows = {r["setting"]: r for r in csv.DictReader(f)}
-    assert list(rows) == comparison_settings()
+    assert list(rows) == comparison_settings() + ["chance"]
+    # ranking 40 images at random: R@1 2.5 (the eval JSON's baseline), R@5 12.5, R@10 25
+    assert [float(rows["chance"][f"finetuned_{k}_mean"]) for k in ("r1", "r5", "r10")] == [2.5, 12.5, 25.0]
     r1 = [c for c in COLUMNS if c.eval_task == "retrieval"][0]
     fine_tuned = [json.loads((seed_results_dir(results, seed, 0) / "eval" / "retrieval" / "vilbert" / "half" /
                               f"{r1.eval_split}.json").read_text()) for seed in SEEDS]

@@ -2,12 +2,14 @@
 silently (issue #40).
 
 docs/own-data.md states the numbers that `config/own_data_example.yaml` gives, with a stamp: the date and
-commit they were measured at, and a fingerprint of the example's own inputs (the example config and the
-world's example generator). These tests fail when
+commit they were measured at, and a fingerprint of everything that decides them: the example config, the
+default config and schema it is layered on, and the code fingerprint (vlbert_core.fingerprint, what the
+workflow re-runs a job on) of every job of the example's DAG. These tests fail when
 
 - the stamp is missing, or names a commit this repository does not have;
-- the example config or the generator changed after the measurement (their fingerprint differs): run the
-  example again and update the numbers and the stamp;
+- any of those changed after the measurement (the fingerprint differs): run the example again and update the
+  numbers and the stamp;
+- the example's DAG has a job whose code the fingerprint does not cover;
 - the README's numbers, or the date and commit it names, differ from docs/own-data.md's;
 - a documented p-value does not follow from the documented counts of discordant rows.
 """
@@ -22,14 +24,31 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from test_workflow import planned_rules, snakemake
 
+from vlbert_core.fingerprint import code_fingerprint
 from vlbert_core.stats import format_p_value, mcnemar_exact
+from vlbert_core.tasks import registry
+from vlbert_core.utils import read_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "own-data.md"
 README = REPO / "README.md"
-# What decides the example's numbers beyond the default config: the files of the example itself.
-EXAMPLE_INPUTS = ("config/own_data_example.yaml", "vlbert_core/world/custom_example.py")
+EXAMPLE_CONFIG = "config/own_data_example.yaml"
+EXAMPLE_TARGET = "results/tables/custom_example.csv"
+# The files that decide the example's numbers besides the code: its config, the default config and schema it
+# is layered on, and the world's example generator.
+EXAMPLE_INPUTS = (EXAMPLE_CONFIG, "config/config.yaml", "config/schema.yaml", "vlbert_core/world/custom_example.py")
+# Every job of the example's DAG: rule -> (its workflow script, the task its code fingerprint is taken for), as
+# the rule's `params: code=` is (workflow/rules/*.smk).
+EXAMPLE_JOBS = {
+    "world": ("world", None), "custom_example": ("custom_example", None), "custom_rows": ("custom_rows", None),
+    "partition_cc": ("partition_cc", None), "download_cc": ("download_cc", None), "shard_text": ("shard_text", None),
+    "train_detector": ("train_detector", None), "extract_rois": ("extract_rois", None),
+    "extract_task_rois": ("extract_task_rois", "custom_example"), "pretrain": ("pretrain", None),
+    "finetune": ("finetune", "custom_example"), "evaluate": ("evaluate", "custom_example"),
+    "custom_table": ("custom_table", None),
+}
 
 STAMP = re.compile(r"Measured\s+on\s+(\d{4}-\d{2}-\d{2})\s+at\s+commit\s+([0-9a-f]{7,40})\s+\(example\s+inputs\s+"
                    r"sha256\s+`([0-9a-f]{12})`")
@@ -39,10 +58,20 @@ README_NUMBERS = re.compile(r"accuracy\s+`none`\s+([\d.]+)\s+%,\s+`full`\s+([\d.
 
 
 def example_inputs_fingerprint(repo: Path = REPO) -> str:
-    """sha256 over the example's input files (path, then bytes, each), first 12 hex digits."""
+    """sha256 over the example's input files (path, then bytes, each) and the code fingerprint of each job of
+    its DAG (rule, then fingerprint), first 12 hex digits."""
     digest = hashlib.sha256()
     for name in EXAMPLE_INPUTS:
         digest.update(name.encode() + b"\0" + (repo / name).read_bytes() + b"\0")
+    # the example's own task must be registered for its jobs' fingerprints to leave the other tasks' code out
+    added = [name for name in registry.register_config_tasks(read_yaml(repo / EXAMPLE_CONFIG))]
+    try:
+        for rule, (script, task) in sorted(EXAMPLE_JOBS.items()):
+            fingerprint = code_fingerprint(repo, f"workflow/scripts/{script}.py", task)
+            digest.update(f"{rule}\0{fingerprint}\0".encode())
+    finally:
+        for name in added:
+            registry.unregister(name)
     return digest.hexdigest()[:12]
 
 
@@ -116,12 +145,32 @@ def test_the_documented_p_values_follow_from_the_discordant_counts():
         rows["full"][3].strip().replace(" ", "")
 
 
-def test_the_fingerprint_moves_with_the_example_config(tmp_path):
-    """The check above can fail: one changed byte of the example config gives another fingerprint."""
-    for name in EXAMPLE_INPUTS:
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_bytes((REPO / name).read_bytes())
-    before = example_inputs_fingerprint(tmp_path)
-    config = tmp_path / EXAMPLE_INPUTS[0]
-    config.write_text(config.read_text(encoding="utf-8").replace("steps:", "steps: ", 1), encoding="utf-8")
-    assert example_inputs_fingerprint(tmp_path) != before
+def test_the_fingerprint_moves_with_the_example_config_and_with_the_code_its_jobs_run(tmp_path):
+    """The check above can fail: one changed byte of the example config, or one changed line of a module the
+    example's fine-tuning imports, gives another fingerprint; a module none of its jobs imports (the VQA head) does
+    not."""
+    shutil.copytree(REPO, tmp_path / "repo", ignore=shutil.ignore_patterns(
+        ".git", ".venv", "results", "resources", "logs", ".snakemake", "__pycache__", "tests", "benchmarks", "docs"))
+    repo = tmp_path / "repo"
+    before = example_inputs_fingerprint(repo)
+    config = repo / EXAMPLE_CONFIG
+    text = config.read_text(encoding="utf-8")
+    config.write_text(text.replace("steps:", "steps: ", 1), encoding="utf-8")
+    assert example_inputs_fingerprint(repo) != before
+    config.write_text(text, encoding="utf-8")
+    assert example_inputs_fingerprint(repo) == before
+    for module, moves in (("vlbert_core/training.py", True), ("vlbert_core/tasks/modeling/vqa.py", False)):
+        path = repo / module
+        original = path.read_text(encoding="utf-8")
+        path.write_text(original + "\nCHANGED = 1\n", encoding="utf-8")
+        assert (example_inputs_fingerprint(repo) != before) is moves, module
+        path.write_text(original, encoding="utf-8")
+
+
+@pytest.mark.workflow
+def test_the_fingerprint_covers_every_job_of_the_examples_dag(tmp_path):
+    """EXAMPLE_JOBS lists exactly the rules Snakemake plans for the example (a dry run, every job forced)."""
+    proc = snakemake(tmp_path, "-n", "-F", EXAMPLE_TARGET, "--configfile", str(REPO / EXAMPLE_CONFIG),
+                     "--cores", "1", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert set(planned_rules(proc.stdout)) == set(EXAMPLE_JOBS)

@@ -74,7 +74,26 @@ def retrieval_rows(results_dir: str | Path, seeds: list[int], default_seed: int)
         if setting in zero_shot_settings():
             row.update(_cells([zero_shot_eval_path(r, setting) for r in roots], "zero_shot"))
         rows.append(row)
+    if rows:
+        rows.append(chance_row(eval_json_path(roots[0], EVAL_TASK, comparison_settings()[0], schedule, SPLIT)))
     return rows
+
+
+CHANCE_SETTING = "chance"
+
+
+def chance_row(eval_path: Path) -> dict:
+    """What ranking the split's images at random scores: R@K = K / N (the eval JSON's `baseline` is R@1's)."""
+    record = read_eval(eval_path)
+    if record.get("baseline") is None:
+        raise ValueError(f"eval JSON {eval_path} has no 'baseline' (1 / the split's images): it was written before "
+                         "the baselines; re-run its evaluate job")
+    row = {"setting": CHANCE_SETTING, "family": "baseline (no model)", "seeds": ""}
+    for prefix in ("finetuned", "zero_shot"):
+        for (name, _), k in zip(RECALLS, (1, 5, 10)):
+            row.update({f"{prefix}_{name}_mean": min(100.0, k * float(record["baseline"])),
+                        f"{prefix}_{name}_std": 0.0, f"{prefix}_{name}_values": ""})
+    return row
 
 
 def retrieval_header() -> list[str]:
@@ -94,7 +113,12 @@ def retrieval_markdown(rows: list[dict], dataset: str) -> str:
         for prefix in ("finetuned", "zero_shot"):
             for name, _ in RECALLS:
                 key = f"{prefix}_{name}_mean"
-                cells.append(f"{row[key]:.1f} ± {row[f'{prefix}_{name}_std']:.1f}" if key in row else "–")
+                if key not in row:
+                    cells.append("–")
+                elif row["setting"] == CHANCE_SETTING:
+                    cells.append(f"{row[key]:.1f}")
+                else:
+                    cells.append(f"{row[key]:.1f} ± {row[f'{prefix}_{name}_std']:.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     for model, numbers in PAPER.items():
         zero_shot = model.endswith("zero-shot")
@@ -103,6 +127,8 @@ def retrieval_markdown(rows: list[dict], dataset: str) -> str:
         lines.append("| " + " | ".join([f"{model}, reported", "", *(blank + shown if zero_shot else shown + blank)])
                      + " |")
     seeds = rows[0]["seeds"] if rows else ""
+    lines.append("")
+    lines.append(f"The `{CHANCE_SETTING}` row ranks the images at random: R@K = K / the split's images.")
     lines += ["", f"Measured on the **{dataset}** data, seeds {seeds}: mean ± sample standard deviation. Each test "
               "caption is scored against every test image and the recall is the share of captions whose image "
               "ranks in the top K. Fine-tuned: ViLBERT's 4-way training (the true pair, a random caption, a random "
