@@ -763,6 +763,15 @@ def test_vilbert_trains_its_two_objectives_on_the_same_batches(world, tokenizer)
         logits = module.heads.alignment(pooled)
         target = torch.where(batch.relationship_labels == 1, ALIGNED_INDEX, 1 - ALIGNED_INDEX)
         torch.testing.assert_close(module(batch)["rel_loss"], F.cross_entropy(logits, target))
+        # the region loss as the authors log it: KL(targets || prediction), the soft cross-entropy minus the
+        # targets' entropy (kl_div over the selected regions, each target row normalised)
+        out = module(batch)
+        selected = batch.roi_selected & module.model.encode(batch.inputs).visual_mask
+        region = module.heads.region(module.model.encode(batch.inputs).visual_states[selected]).float()
+        targets = batch.roi_labels[selected] / batch.roi_labels[selected].sum(-1, keepdim=True)
+        kl = F.kl_div(F.log_softmax(region, -1), targets, reduction="sum") / selected.sum()
+        torch.testing.assert_close(out["roi_kl"], kl)
+        assert float(out["roi_loss"] - out["roi_kl"]) > 0.1   # the targets' entropy
     with pytest.raises(ValueError, match="no <Text, ∅> input"):
         ViLBertForPretraining(module.model, get_setting("d"))
 

@@ -879,3 +879,36 @@ def test_every_task_fine_tunes_and_predicts_on_a_vilbert_model(world, tmp_path, 
     assert (tmp_path / "eval" / eval_task / "val.json").is_file()
     with pytest.raises(ValueError, match="readout choice applies to VL-BERT only"):
         _finetune(world, task, tmp_path / "ft2", pretrained=tmp_path / "vilbert", sentence_readout="text_mean")
+
+
+def test_the_whole_image_is_a_refcoco_candidate_only_when_the_config_says_so(tokenizer):
+    """finetune.refcoco.whole_image_candidate (the authors' convention, paper configs): box 0, the whole image
+    (0, 0, w - 1, h - 1), is labelled by its IoU and can be chosen; without it box 0 is input only."""
+    import numpy as np
+    import torch
+
+    from vlbert_core.tasks.modeling.refcoco import RefCOCOHead, RefcocoSamples
+    from vlbert_core.tasks.samples import Tokens
+
+    image_w, image_h = 48, 40
+    # the referred object covers most of the image: the whole-image box overlaps it at IoU > 0.5
+    expression = refcoco_lib.RefExpression(ref_id=1, sent_id=1, ann_id=1, image_id=7, split="val",
+                                           sentence="the big one", category_id=1, image_key="7", image_w=image_w,
+                                           image_h=image_h, gt_box=np.array([1.0, 1.0, 46.0, 38.0]))
+    data = refcoco_lib.RefcocoData(expressions=[expression],
+                                   image_boxes={7: np.array([[1, 1, 46, 38], [30, 30, 40, 38]], dtype=np.float32)},
+                                   image_ann_ids={7: [1, 2]}, image_files={7: "7.png"})
+
+    def images(path):
+        return torch.zeros(3, image_h, image_w), (1.0, 1.0), image_w, image_h
+
+    samples = {flag: RefcocoSamples(data, "gt", ".", Tokens(tokenizer), max_rois=8, max_text_len=16, images=images,
+                                    whole_image_candidate=flag) for flag in (False, True)}
+    without, with_box0 = samples[False].sample(0), samples[True].sample(0)
+    assert without["candidate"].tolist() == [False, True, True] and without["labels"].tolist() == [0.0, 1.0, 0.0]
+    assert with_box0["candidate"].tolist() == [True, True, True] and with_box0["labels"].tolist() == [1.0, 1.0, 0.0]
+    np.testing.assert_array_equal(samples[True].box(0, 0), [0, 0, image_w - 1, image_h - 1])
+    np.testing.assert_array_equal(samples[True].box(0, 2), [30, 30, 40, 38])
+    logits = torch.tensor([[5.0, 1.0, 0.0]])   # box 0 scores best
+    assert RefCOCOHead.predict(logits, with_box0["candidate"][None]).tolist() == [0]
+    assert RefCOCOHead.predict(logits, without["candidate"][None]).tolist() == [1]

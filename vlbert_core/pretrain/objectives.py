@@ -24,6 +24,13 @@ def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
     return -(targets * F.log_softmax(logits, dim=-1)).sum(-1)
 
 
+def soft_target_entropy(targets: torch.Tensor) -> torch.Tensor:
+    """Per row: -sum_c t_c log t_c of the renormalised target row (0 log 0 = 0). soft_cross_entropy minus it
+    is the KL divergence KL(t || softmax(logits)), the value ViLBERT's code logs for its region loss."""
+    targets = targets / targets.sum(-1, keepdim=True).clamp(min=1e-12)
+    return -torch.special.xlogy(targets, targets).sum(-1)
+
+
 def task_targets(batch: PretrainBatch) -> dict[str, torch.Tensor]:
     """Bool masks of each task's targets: MLM positions of image rows / of text rows [B, L], selected
     [IMG] elements [B, L] (None when the batch has no image), labelled relationship rows [B]."""
@@ -66,6 +73,12 @@ class TaskLosses:
             self.out[f"{name}_acc"] = torch.tensor(float("nan"), device=per_target_loss.device)
         self.out[f"{name}_loss"] = loss
         self.losses.append(loss)
+
+    def monitor(self, name: str, task: str, per_target_value: torch.Tensor) -> None:
+        """A value logged beside the losses, normalised as task `task`'s loss, not in the total."""
+        norm = self.norm[task]
+        self.out[name] = ((per_target_value.sum() / norm) if float(norm) > 0
+                          else torch.tensor(float("nan"), device=per_target_value.device)).detach()
 
     def result(self) -> dict[str, torch.Tensor]:
         return {**self.out, "loss": torch.stack(self.losses).sum()}

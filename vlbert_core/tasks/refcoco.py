@@ -283,6 +283,12 @@ class RefcocoTask(Task):
     example_key = ("ref_id", "sent_id")
     TRACKS = {"refcoco_gt": "gt", "refcoco_det": "det"}
 
+    def prepare(self, meta, hparams, sources):
+        # the authors' code makes box 0, the whole image, a candidate (refcoco/data/datasets/refcoco.py: it
+        # prepends [0, 0, w - 1, h - 1] with ADD_IMAGE_AS_A_BOX and labels every box by IoU > 0.5;
+        # resnet_vlbert_for_refcoco.py: inference_forward's argmax runs over every box)
+        meta["whole_image_candidate"] = bool(hparams.get("whole_image_candidate", False))
+
     def build_data(self, split, meta, *, sources, tokens, images, max_rois, max_text_len, rois,
                    rois_source, eval_task=None, max_examples=None):
         ConcatData = model_side("samples", "ConcatData")
@@ -294,7 +300,8 @@ class RefcocoTask(Task):
         tracks = tuple(self.TRACKS.values()) if eval_task is None else (self.TRACKS[eval_task],)
         parts = [RefcocoSamples(data, track, sources["images"], tokens, max_rois=max_rois,
                                 max_text_len=max_text_len, images=images,
-                                rois=rois if track == "det" else None, rois_source=rois_source)
+                                rois=rois if track == "det" else None, rois_source=rois_source,
+                                whole_image_candidate=meta.get("whole_image_candidate", False))
                  for track in tracks]
         return parts[0] if len(parts) == 1 else ConcatData(parts)
 
@@ -319,7 +326,7 @@ class RefcocoTask(Task):
         chosen = model.head.predict(out["logits"], extras["candidate"]).tolist()
         for i, box_index in zip(indices, chosen):
             expr = data.data.expressions[i]
-            box = data.candidates[expr.image_id][box_index - 1]  # box 0 is the whole image
+            box = data.box(i, box_index)
             rows.append({"ref_id": expr.ref_id, "sent_id": expr.sent_id, "image_id": expr.image_id,
                          "box": [round(float(v), 2) for v in box]})
         return rows
@@ -353,7 +360,8 @@ class RefcocoTask(Task):
                            image_ann_ids={i: [] for i in image_boxes}, image_files=image_files)
         # image_files are local paths, absolute or relative to the working directory
         return RefcocoSamples(data, tracks.pop(), ".", tokens, max_rois=max_rois, max_text_len=max_text_len,
-                              images=images, rois=rois, rois_source=rois_source)
+                              images=images, rois=rois, rois_source=rois_source,
+                              whole_image_candidate=meta.get("whole_image_candidate", False))
 
     def query_results(self, model, data, indices, out, extras, meta, top_k):
         import torch
@@ -363,12 +371,12 @@ class RefcocoTask(Task):
         scores = torch.sigmoid(out["logits"])
         results = []
         for row, i in enumerate(indices):
-            candidates = data.candidates[data.data.expressions[i].image_id]
-            order = logits[row].argsort(descending=True, stable=True)[: min(int(top_k), len(candidates))]
-            ranked = [{"box": [round(float(v), 2) for v in candidates[k - 1]],  # box 0 is the whole image
-                       "score": round(float(scores[row, k]), 6)} for k in order.tolist()]
+            num_candidates = int(extras["candidate"][row].sum())
+            order = logits[row].argsort(descending=True, stable=True)[: min(int(top_k), num_candidates)]
+            ranked = [{"box": [round(float(v), 2) for v in data.box(i, k)], "score": round(float(scores[row, k]), 6)}
+                      for k in order.tolist()]
             results.append({"box": ranked[0]["box"], "score": ranked[0]["score"], "track": data.track,
-                            "num_candidates": len(candidates), "top": ranked})
+                            "num_candidates": num_candidates, "top": ranked})
         return results
 
     def score(self, eval_task, split, rows, sources, where):

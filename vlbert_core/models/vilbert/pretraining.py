@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlbert_core.pretrain.data import PretrainBatch
-from vlbert_core.pretrain.objectives import TaskLosses, soft_cross_entropy, target_counts
+from vlbert_core.pretrain.objectives import TaskLosses, soft_cross_entropy, soft_target_entropy, target_counts
 from vlbert_core.pretrain.settings import PretrainSetting
 
 from ..common.heads import AlignmentReadout, load_pretraining_heads
@@ -22,7 +22,8 @@ class ViLBertForPretraining(nn.Module):
     VLBertForPretraining's, models/vlbert/pretraining.py, same keys):
     - masked multi-modal modelling: MLM on the caption words (mlm_loss/mlm_acc), and each masked region's
       detector class distribution predicted from its visual state (roi_loss/roi_acc; soft cross-entropy, which
-      differs from ViLBERT's KL divergence by the targets' entropy, a constant: same gradients);
+      differs from ViLBERT's KL divergence by the targets' entropy, a constant: same gradients; the KL, the
+      value the authors' code logs, is logged beside it as roi_kl);
     - multi-modal alignment: does the caption belong to the image, from the pooled h_IMG * h_CLS (rel_loss/
       rel_acc; the data's mismatched pairs, as for VL-BERT's setting (c)).
     The setting's switches pick which of them train, as for VL-BERT; ViLBERT has no text-only input, so a
@@ -61,8 +62,9 @@ class ViLBertForPretraining(nn.Module):
             region_logits = self.heads.region(output.visual_states[selected]).float()
             targets = (region_logits.new_zeros(region_logits.shape) if batch.roi_labels is None
                        else batch.roi_labels[selected])
-            book.add("roi", soft_cross_entropy(region_logits, targets),
-                     region_logits.argmax(-1) == targets.argmax(-1))
+            cross_entropy = soft_cross_entropy(region_logits, targets)
+            book.add("roi", cross_entropy, region_logits.argmax(-1) == targets.argmax(-1))
+            book.monitor("roi_kl", "roi", cross_entropy.detach() - soft_target_entropy(targets))
 
         if self.setting.relationship:
             has_label = batch.relationship_labels != IGNORE_INDEX

@@ -45,7 +45,7 @@ class RefCOCOHead(nn.Module):
 
     @staticmethod
     def loss(logits: torch.Tensor, labels: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
-        """BCE over candidate boxes only (box 0, the whole image, and padding are not candidates)."""
+        """BCE over candidate boxes only (padding, and box 0, the whole image, unless it is one, are not)."""
         return F.binary_cross_entropy_with_logits(logits[candidate], labels[candidate])
 
     @staticmethod
@@ -59,13 +59,16 @@ class RefcocoSamples:
 
     Track `gt`: every instance box of the image; track `det`: the detected RoIs of the image.
     An expression without a ground-truth box (`gt_box` None: a user's query) gets no positive box.
+    `whole_image_candidate`: box 0, the whole image (0, 0, w - 1, h - 1), is a candidate too, labelled by its
+    IoU like the others, as in the authors' code (finetune.refcoco.whole_image_candidate); otherwise it is
+    input only.
     """
 
     SPECIAL_TOKENS = 2  # [CLS] expression [SEP]
 
     def __init__(self, data: RefcocoData, track: str, images_dir: str | os.PathLike, tokens: Tokens,
                  *, max_rois: int, max_text_len: int, images: ImageLoader,
-                 rois: dict | None = None, rois_source: str = ""):
+                 rois: dict | None = None, rois_source: str = "", whole_image_candidate: bool = False):
         if track not in ("gt", "det"):
             raise ValueError(f"unknown RefCOCO+ track {track!r} (expected 'gt' or 'det')")
         if track == "det" and rois is None:
@@ -74,6 +77,7 @@ class RefcocoSamples:
         self.images_dir = Path(images_dir)
         self.tokens, self.images = tokens, images
         self.max_rois, self.max_text_len = int(max_rois), int(max_text_len)
+        self.whole_image_candidate = bool(whole_image_candidate)
         self.candidates: dict[int, np.ndarray] = {}
         for expr in data.expressions:
             if expr.image_id in self.candidates:
@@ -89,6 +93,13 @@ class RefcocoSamples:
     def __len__(self) -> int:
         return len(self.data.expressions)
 
+    def box(self, i: int, index: int) -> np.ndarray:
+        """Box `index` of expression i's image in original pixels: 0 the whole image, k its (k-1)-th candidate."""
+        expr = self.data.expressions[i]
+        if index == 0:
+            return np.array([0.0, 0.0, expr.image_w - 1, expr.image_h - 1], dtype=np.float32)
+        return self.candidates[expr.image_id][index - 1]
+
     def sample(self, i: int) -> dict:
         expr = self.data.expressions[i]
         candidates = self.candidates[expr.image_id]
@@ -99,10 +110,12 @@ class RefcocoSamples:
         ids, _ = truncate_pair(self.tokens.ids(expr.sentence), None, self.max_text_len - self.SPECIAL_TOKENS)
         labels = torch.zeros(len(boxes))
         if expr.gt_box is not None:
-            labels[1:] = torch.from_numpy((box_iou(candidates, expr.gt_box)[:, 0] > POSITIVE_IOU)
-                                          .astype(np.float32))
+            every_box = np.concatenate([self.box(i, 0)[None], candidates])
+            labels[:] = torch.from_numpy((box_iou(every_box, expr.gt_box)[:, 0] > POSITIVE_IOU).astype(np.float32))
         candidate = torch.ones(len(boxes), dtype=torch.bool)
-        candidate[0] = False
+        if not self.whole_image_candidate:
+            candidate[0] = False
+            labels[0] = 0.0
         return {"sequence": self.tokens.sequence(ids, None, len(boxes)), "image": image,
                 "boxes": boxes, "labels": labels, "candidate": candidate, "index": i,
                 "image_key": f"{expr.image_key}/{self.track}"}
