@@ -186,6 +186,27 @@ def test_vcr_references_take_the_referenced_boxes(tokenizer, tmp_path):
     assert seq.roi_index[1:7] == [0, 0, 1, 0, 0, 0] and data.dropped_references == 1
 
 
+def test_a_fixed_canvas_pads_every_image_to_its_orientations_canvas_whatever_the_batch():
+    """finetune.<vcr task>.fixed_canvas (the authors' FixPadding): a landscape image is padded to short x long,
+    a portrait one to long x short, with zeros after normalisation; an image that does not fit is refused."""
+    import torch
+
+    from vlbert_core.models.common.batch import collate_samples, fixed_canvas
+    from vlbert_core.models.common.inputs import InputSequence
+
+    assert fixed_canvas(30, 50, (40, 60)) == (40, 60) and fixed_canvas(50, 30, (40, 60)) == (60, 40)
+    with pytest.raises(ValueError, match="a 70x30 image does not fit its fixed canvas 60x40"):
+        fixed_canvas(30, 70, (40, 60))
+    sequence = InputSequence(input_ids=[1, 2], element_kind=[1, 1], segment_ids=[0, 0], position_ids=[0, 1],
+                             roi_index=[0, 0])
+    image = torch.ones(3, 30, 50)
+    sample = {"sequence": sequence, "image": image, "boxes": torch.tensor([[0.0, 0.0, 49.0, 29.0]])}
+    plain, padded = collate_samples([sample]), collate_samples([sample], canvas=(40, 60))
+    assert tuple(plain.images.shape) == (1, 3, 30, 50) and tuple(padded.images.shape) == (1, 3, 40, 60)
+    assert torch.equal(padded.images[0, :, :30, :50], image) and float(padded.images[0, :, 30:].abs().sum()) == 0
+    assert padded.image_size.tolist() == [[50.0, 30.0]]   # the geometry still reads the image's own size
+
+
 # ---------------------------------------------------------------- RefCOCO+
 
 

@@ -493,6 +493,10 @@ class VcrTask(Task):
         items = load_vcr(split_path(sources["annotations"], self.train_split))
         meta["object_names"] = build_object_vocab(items)
         meta["aux_roi_loss_weight"] = float(hparams["aux_roi_loss_weight"])
+        # the authors pad every VCR image to a fixed canvas after normalising (FixPadding with the test SCALES,
+        # vcr/data/transforms/build.py), which the border RoIs' features see; null: padded to the batch
+        canvas = hparams.get("fixed_canvas")
+        meta["fixed_canvas"] = None if canvas is None else [int(v) for v in canvas]
 
     def build_data(self, split, meta, *, sources, tokens, images, max_rois, max_text_len, rois,
                    rois_source, eval_task=None, max_examples=None):
@@ -502,7 +506,7 @@ class VcrTask(Task):
         items = items[:max_examples] if max_examples else items
         return VcrData(items, self.mode, sources["images"], tokens, meta.get("object_names") or [],
                        max_rois=max_rois, max_text_len=max_text_len, images=images,
-                       instance_mask_size=meta.get("instance_mask_size"))
+                       instance_mask_size=meta.get("instance_mask_size"), fixed_canvas=meta.get("fixed_canvas"))
 
     def log_training_data(self, data, meta):
         if data.dropped_references:
@@ -620,7 +624,8 @@ class VcrTask(Task):
             items.append(item)
         # img_fn and metadata_fn are local paths, absolute or relative to the working directory
         return VcrData(items, self.mode, ".", tokens, meta.get("object_names") or [], max_rois=max_rois,
-                       max_text_len=max_text_len, images=images, with_labels=False)
+                       max_text_len=max_text_len, images=images, with_labels=False,
+                       fixed_canvas=meta.get("fixed_canvas"))
 
     def query_results(self, model, data, indices, out, extras, meta, top_k):
         import torch

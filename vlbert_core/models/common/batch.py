@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,6 +108,18 @@ def image_to_tensor(img: Image.Image, pixel_format: str = DEFAULT_PIXEL_FORMAT) 
     return normalise_pixels(tensor, pixel_format)
 
 
+def fixed_canvas(height: int, width: int, canvas: Sequence[int]) -> tuple[int, int]:
+    """(H, W) of the canvas an image of that size is padded to: (short, long) sides as `canvas` = (short, long)
+    gives them, by the image's orientation (the authors' VCR FixPadding, vcr/data/transforms/transforms.py:
+    a landscape image to short x long, a portrait one to long x short, zeros after normalisation)."""
+    short, long = int(canvas[0]), int(canvas[1])
+    h1, w1 = (short, long) if height <= width else (long, short)
+    if height > h1 or width > w1:
+        raise ValueError(f"a {width}x{height} image does not fit its fixed canvas {w1}x{h1} "
+                         f"(canvas {list(canvas)}: check model.image_min_side / image_max_side)")
+    return h1, w1
+
+
 def _pad_2d(rows: list[list[int]], pad_value: int) -> torch.Tensor:
     length = max(len(r) for r in rows)
     out = torch.full((len(rows), length), pad_value, dtype=torch.long)
@@ -135,8 +148,9 @@ def _collate_instance_masks(samples: list[dict], image_samples: list[dict], max_
     return out
 
 
-def collate_samples(samples: list[dict]) -> ModelBatch:
-    """Pad a list of samples into a ModelBatch.
+def collate_samples(samples: list[dict], *, canvas: Sequence[int] | None = None) -> ModelBatch:
+    """Pad a list of samples into a ModelBatch; with `canvas` (short, long) every image is padded at least to
+    its fixed canvas (fixed_canvas), as the authors' VCR code does, so a feature does not depend on the batch.
 
     Each sample: "sequence" (InputSequence) and, for image samples, "image" (Float [3, H, W]) and
     "boxes" (Float [R_i, 4], box 0 = whole image), optionally "roi_masked" (Bool [R_i]) and "instance_masks"
@@ -180,6 +194,9 @@ def collate_samples(samples: list[dict]) -> ModelBatch:
         image_samples = [s for s in samples if s.get("image") is not None]
         max_h = max(s["image"].shape[1] for s in image_samples)
         max_w = max(s["image"].shape[2] for s in image_samples)
+        if canvas is not None:
+            sizes = [fixed_canvas(s["image"].shape[1], s["image"].shape[2], canvas) for s in image_samples]
+            max_h, max_w = max(max_h, *(h for h, _ in sizes)), max(max_w, *(w for _, w in sizes))
         max_r = max(s["boxes"].shape[0] for s in image_samples)
         images = torch.zeros(len(samples), 3, max_h, max_w)
         boxes = torch.zeros(len(samples), max_r, 4)

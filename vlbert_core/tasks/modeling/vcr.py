@@ -86,14 +86,16 @@ class VcrData:
     `roi_index` points at it); other words take box 0, the whole image. One sample holds the
     four candidate sequences of a question, which share the image and boxes. With `instance_mask_size`
     (the visual network's stage-5 output side), each box carries its object's segmentation mask, which the
-    visual network multiplies into the RoI's stage-5 output (released VCR; box 0's mask is all ones).
+    visual network multiplies into the RoI's stage-5 output (released VCR; box 0's mask is all ones). With
+    `fixed_canvas` (short, long), every image is padded to that canvas (finetune.<vcr task>.fixed_canvas).
     """
 
     SPECIAL_TOKENS = 3  # [CLS] A [SEP] B [SEP]
 
     def __init__(self, items: Sequence[vcr_lib.VcrItem], mode: str, images_dir: str | os.PathLike,
                  tokens: Tokens, object_vocab: list[str], *, max_rois: int, max_text_len: int,
-                 images: ImageLoader, with_labels: bool = True, instance_mask_size: int | None = None):
+                 images: ImageLoader, with_labels: bool = True, instance_mask_size: int | None = None,
+                 fixed_canvas: Sequence[int] | None = None):
         if mode not in ("q2a", "qa2r"):
             raise ValueError(f"unknown VCR mode {mode!r}")
         self.items, self.mode = list(items), mode
@@ -103,6 +105,7 @@ class VcrData:
         self.max_rois, self.max_text_len = int(max_rois), int(max_text_len)
         self.with_labels = with_labels
         self.instance_mask_size = None if instance_mask_size is None else int(instance_mask_size)
+        self.fixed_canvas = None if fixed_canvas is None else tuple(int(v) for v in fixed_canvas)
         self._metadata = functools.lru_cache(maxsize=1024)(vcr_lib.load_vcr_metadata)
         self.dropped_references = 0
         if with_labels:
@@ -166,7 +169,7 @@ class VcrData:
         """Question-major rows: row 4q + k is candidate k of question q."""
         flat = [{"sequence": seq, "image": s["image"], "boxes": s["boxes"], "instance_masks": s.get("instance_masks")}
                 for s in samples for seq in s["sequences"]]
-        batch = collate_samples(flat)
+        batch = collate_samples(flat, canvas=self.fixed_canvas)
         num_boxes = batch.boxes.shape[1]
         box_classes = torch.full((len(flat), num_boxes), IGNORE_INDEX, dtype=torch.long)
         for q, s in enumerate(samples):
