@@ -155,7 +155,12 @@ def test_the_model_comparison_pairs_the_two_families_over_the_seeds(ci_run):
     # retrieval: R@1/5/10 fine-tuned for every setting, zero-shot from the image-caption heads of c and vilbert
     with open(ci_run / "results/tables/retrieval.csv", newline="") as f:
         retrieval = {r["setting"]: r for r in csv.DictReader(f)}
-    assert list(retrieval) == list(rows)
+    assert list(retrieval) == [*rows, "chance"]
+    # the chance row ranks the test images at random: R@K = K / N, R@1 the eval JSON's baseline
+    chance = retrieval.pop("chance")
+    baseline = json.loads((ci_run / "results/eval/retrieval/none/half/test.json").read_text())["baseline"]
+    assert float(chance["finetuned_r1_mean"]) == pytest.approx(baseline) and \
+        float(chance["finetuned_r10_mean"]) == pytest.approx(min(100.0, 10 * baseline))
     for setting, row in retrieval.items():
         assert 0.0 <= float(row["finetuned_r1_mean"]) <= float(row["finetuned_r10_mean"]) <= 100.0
         assert (row["zero_shot_r1_mean"] != "") == (setting in ("c", "vilbert"))
