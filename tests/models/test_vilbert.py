@@ -157,6 +157,39 @@ def test_a_masked_roi_has_its_feature_zeroed_and_its_pixels_kept():
         model.encode(two_rows(roi_masked=[True, False, False, False]), roi_features=features)
 
 
+def test_the_released_global_region_is_the_mean_of_the_detections_at_the_whole_image_location():
+    """global_region mean_of_regions (a converted released model): region 0 is what the authors'
+    _image_features_reader prepends, g_feat = np.sum(features, 0) / num_boxes over the real detections, at
+    g_location (0, 0, 1, 1, 1); encode on the pipeline's batch equals forward_streams on those explicit inputs,
+    which tests/convert/test_golden_vilbert.py checks against the authors' forward."""
+    import numpy as np
+
+    from vlbert_core.models.vilbert.embeddings import region_locations
+    from vlbert_core.models.vilbert.model import text_stream
+
+    model, batch = tiny_model(global_region="mean_of_regions"), two_rows()
+    whole_image = tiny_model()   # the same weights (seed 0), the project's own region 0
+    with torch.no_grad():
+        features = model.visual_features(batch)
+        locations = region_locations(batch.boxes, batch.image_size)
+        authors_features, authors_locations = features.clone(), locations.clone()
+        for row in range(batch.batch_size):
+            detections = features[row, 1:][batch.box_valid[row, 1:]].numpy()
+            authors_features[row, 0] = torch.from_numpy(np.sum(detections, axis=0) / detections.shape[0])
+            authors_locations[row, 0] = torch.tensor([0.0, 0.0, 1.0, 1.0, 1.0])
+        input_ids, token_types, text_mask = text_stream(batch, model.config.type_vocab_size)
+        expected = model.forward_streams(input_ids, token_types, text_mask, authors_features, authors_locations,
+                                         batch.box_valid)
+        out = model.encode(batch, roi_features=features)
+        torch.testing.assert_close(out.pooled, expected.pooled, atol=1e-6, rtol=0)
+        valid = batch.box_valid
+        torch.testing.assert_close(out.visual_states[valid], expected.visual_states[valid], atol=1e-6, rtol=0)
+        # the project's default reads the whole-image box's own feature and location instead
+        assert not torch.allclose(whole_image.encode(batch, roi_features=features).pooled, out.pooled, atol=1e-4)
+    with pytest.raises(ValueError, match="global_region must be one of"):
+        tiny_config(global_region="first_box")
+
+
 def test_precomputed_features_may_not_bypass_a_tuned_visual_network():
     model, batch = tiny_model(tune_frcnn=True), two_rows()
     features = model.visual_features(batch).detach()
@@ -241,6 +274,7 @@ def test_every_released_tensor_is_mapped_or_dropped_for_a_reason():
     assert len(report.dropped) == 1 + 4 * 2   # the tied decoder, q_dense1/2 weight and bias of 2 layers
     assert all(key.startswith("visual_network.") for key in report.filled)
     assert converted.config.appearance_dim == 16 and converted.config.num_object_classes == 7
+    assert converted.config.global_region == "mean_of_regions"   # what the released models were trained on
     heads = ViLBertPretrainingHeads(converted.config, torch.nn.Embedding(64, 32))
     assert set(converted.heads) == set(heads.state_dict())
 

@@ -475,6 +475,11 @@ PORT_SELECTION = {
 }
 
 
+def _nan_max(a: float, b: float) -> float:
+    """max of two numbers where nan means "not measured"."""
+    return b if math.isnan(a) else a if math.isnan(b) else max(a, b)
+
+
 def match_kept_rois(our_boxes, our_classes, their_boxes, their_classes, atol: float = 1e-2):
     """For each RoI the port kept, the row of ours with the same class and a box within `atol` px; None when
     the two are not the same set (a count, class or box differs). Kept RoIs are matched by box, not by
@@ -535,10 +540,11 @@ def compare_with_port(checkpoint: str | os.PathLike, kind: str, reference: str |
             raise ConversionError(f"{stage}: ours {ours.shape}, the port's {theirs.shape}")
         reference64 = theirs if theirs64 is None else np.asarray(theirs64, np.float64)
         scale = max(float(np.abs(reference64).max()) if reference64.size else 0.0, 1e-30)
+        # nan: the reference has no float64 run of this stage (the kept RoIs), not an agreement
         port = float(np.abs(theirs - reference64).max()) if theirs64 is not None and theirs.size else float("nan")
         err = float(np.abs(ours - theirs).max()) if theirs.size else 0.0
-        row = worst.setdefault(stage, [0.0, 0.0, 0.0, 0.0])
-        row[:] = [max(row[0], err), max(row[1], err / scale), max(row[2], port), max(row[3], port / scale)]
+        row = worst.setdefault(stage, [0.0, 0.0, float("nan"), float("nan")])
+        row[:] = [max(row[0], err), max(row[1], err / scale), _nan_max(row[2], port), _nan_max(row[3], port / scale)]
 
     kept_lines, same_all = [], True
     threads = torch.get_num_threads()

@@ -237,8 +237,10 @@ def vilbert_config(authors: Mapping[str, Any], *, visual_backbone: dict, bert_pa
     fields: dict[str, Any] = {k: authors[k] for k in SHARED_KEYS if k in authors}
     fields.update({ours: authors[theirs] for theirs, ours in RENAMED_KEYS.items()})
     try:
+        # the released models were trained with region 0 the mean of the detections at (0, 0, 1, 1, 1)
+        # (vilbert/datasets/_image_features_reader.py), so a converted one is fed that
         return ViLBertConfig(**fields, layer_norm_eps=LAYER_NORM_EPS, visual_backbone=dict(visual_backbone),
-                             tune_frcnn=False, bert_path=bert_path)
+                             tune_frcnn=False, bert_path=bert_path, global_region="mean_of_regions")
     except (TypeError, ValueError) as exc:
         raise ConversionError(f"{where}: {exc}; pass the checkpoint's config (--config)") from exc
 

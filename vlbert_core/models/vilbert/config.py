@@ -20,6 +20,10 @@ from ..common.config import (TASK_HEAD_LAYOUTS, BertFieldsConfig, ModelBuildKeys
 MODEL_TYPE = "vilbert"
 # how the two pooled vectors become one (the authors' fusion_method): their elementwise product (released) or sum
 FUSION_METHODS = ("mul", "sum")
+# what the first (global) region, the visual pooler's input, is: the visual network's feature of the whole-image
+# box at that box's location (this project's), or the mean of the other regions' features at location
+# (0, 0, 1, 1, 1), what the released models were trained on (vilbert/datasets/_image_features_reader.py)
+GLOBAL_REGIONS = ("whole_image_box", "mean_of_regions")
 
 
 @dataclass
@@ -47,6 +51,7 @@ class ViLBertConfig(BertFieldsConfig):
     t_biattention_id: list = field(default_factory=lambda: [6, 7, 8, 9, 10, 11])
     with_coattention: bool = True    # False: the co-attention layers are skipped (the streams meet at the pooler only)
     fusion_method: str = "mul"
+    global_region: str = "whole_image_box"   # GLOBAL_REGIONS
     # visual network: the same fields, names and defaults as VLBertConfig's (FastRCNNVisualNetwork reads them);
     # appearance_dim is the authors' v_feature_size and num_object_classes their v_target_size (the detector's
     # classes incl. background, the masked-region head's targets)
@@ -80,6 +85,9 @@ class ViLBertConfig(BertFieldsConfig):
             raise ValueError(f"ViLBertConfig: type_vocab_size must be >= 2 (sentences A and B), got "
                              f"{self.type_vocab_size}")
         self._validate_coattention_ids()
+        if self.global_region not in GLOBAL_REGIONS:
+            raise ValueError(f"ViLBertConfig: global_region must be one of {GLOBAL_REGIONS}, got "
+                             f"{self.global_region!r}")
         if self.fusion_method not in FUSION_METHODS:
             raise ValueError(f"ViLBertConfig: fusion_method must be one of {FUSION_METHODS}, got "
                              f"{self.fusion_method!r}")

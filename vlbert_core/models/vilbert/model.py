@@ -9,8 +9,9 @@ From a ModelBatch (VL-BERT's layout: text elements first, then `[IMG]` elements 
   feature zeroed, as the authors mask a region; the visual network itself sees the whole image.
 ViLBERT has no text-only input: a row without an image is an error.
 
-Departure from the authors' inputs: their global region is the mean of the other regions' precomputed features
-(of the unmasked ones) at location (0, 0, 1, 1, 1); here it is the visual network's feature of the whole-image box.
+The global region (config `global_region`): the authors' is the mean of the other regions' precomputed features
+at location (0, 0, 1, 1, 1) (`mean_of_regions`, what a converted released model is set to); the default,
+`whole_image_box`, is the visual network's feature of the whole-image box at that box's location.
 """
 
 from __future__ import annotations
@@ -91,6 +92,22 @@ def text_stream(batch: ModelBatch, type_vocab_size: int) -> tuple[torch.Tensor, 
     return batch.input_ids[:, :length], token_types, mask
 
 
+GLOBAL_LOCATION = (0.0, 0.0, 1.0, 1.0, 1.0)
+
+
+def mean_global_region(features: torch.Tensor, locations: torch.Tensor,
+                       region_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Region 0 as the released models saw it: the mean of regions 1.. (the real ones of each row, before any
+    masking) at location (0, 0, 1, 1, 1), as the authors' _image_features_reader computes g_feat / g_location
+    (for VCR their count-weighted mean of the detected and the ground-truth boxes' means is the same mean over
+    all of them). features [B, R, D], locations [B, R, 5], region_mask Bool [B, R] -> the two with row 0 replaced."""
+    others = region_mask[:, 1:, None].to(features.dtype)
+    count = others.sum(1).clamp(min=1.0)
+    mean = (features[:, 1:] * others).sum(1) / count
+    global_location = locations.new_tensor(GLOBAL_LOCATION).expand(locations.shape[0], 1, 5)
+    return torch.cat([mean[:, None], features[:, 1:]], 1), torch.cat([global_location, locations[:, 1:]], 1)
+
+
 class ViLBertModel(PretrainedModel, nn.Module):
     model_type: ClassVar[str] = "vilbert"
     config_class: ClassVar[type] = ViLBertConfig
@@ -162,15 +179,16 @@ class ViLBertModel(PretrainedModel, nn.Module):
             raise ValueError("ViLBertModel.encode: precomputed roi_features would bypass the tuned visual network "
                              "(tune_frcnn) in a step that computes gradients")
         input_ids, token_types, text_mask = text_stream(batch, self.config.type_vocab_size)
-        features = roi_features
+        features, locations = roi_features, region_locations(batch.boxes, batch.image_size)
+        if self.config.global_region == "mean_of_regions":
+            features, locations = mean_global_region(features, locations, batch.box_valid)
         if batch.roi_masked is not None and bool(batch.roi_masked.any()):
             if bool(batch.roi_masked[:, 0].any()):
                 raise ValueError("ViLBertModel.encode: box 0 (the whole image, read by the visual pooler) must never "
                                  "be masked")
             # the authors' masking of a region: its feature is zeroed, its location kept
             features = features.masked_fill(batch.roi_masked[..., None], 0.0)
-        streams = self.forward_streams(input_ids, token_types, text_mask, features,
-                                       region_locations(batch.boxes, batch.image_size), batch.box_valid)
+        streams = self.forward_streams(input_ids, token_types, text_mask, features, locations, batch.box_valid)
         text = streams.text_states * text_mask[..., None].to(streams.text_states.dtype)
         padding = text.new_zeros(text.shape[0], batch.input_ids.shape[1] - text.shape[1], text.shape[2])
         visual = streams.visual_states * batch.box_valid[..., None].to(streams.visual_states.dtype)
