@@ -349,9 +349,14 @@ def test_refcoco_ground_truth_chance_is_the_share_of_right_candidates_per_expres
     data = refcoco_lib.RefcocoData(expressions=[expression(1, 1, [0, 0, 9, 9]), expression(2, 2, [50, 50, 59, 59])],
                                    image_boxes=boxes, image_ann_ids={}, image_files={})
     # image 1: two of four candidates overlap the target at IoU >= 0.5 (81 / 100); image 2: one of two
-    assert refcoco_lib.ground_truth_chance(data) == pytest.approx(100 * (2 / 4 + 1 / 2) / 2)
+    assert refcoco_lib.candidate_chance(data, boxes) == pytest.approx(100 * (2 / 4 + 1 / 2) / 2)
+    # the detected track's candidates are other boxes: here image 1 has one right box of two
+    detected = {1: np.array([[0, 0, 9, 9], [60, 60, 69, 69]], dtype=np.float64), 2: boxes[2]}
+    assert refcoco_lib.candidate_chance(data, detected) == pytest.approx(100 * (1 / 2 + 1 / 2) / 2)
     task = refcoco_lib.RefcocoTask()
-    assert task.baseline("refcoco_det", "val", {}).value is None
+    assert task.baseline_reads_rois("refcoco_det") and not task.baseline_reads_rois("refcoco_gt")
+    with pytest.raises(ValueError, match="needs the split's RoI parquets"):
+        task.baseline("refcoco_det", "val", {"refs": "r", "instances": "i"})
 
 
 def test_vcr_baselines_are_chance_over_the_candidates():

@@ -230,10 +230,17 @@ class Task:
             outcomes[key] = value
         return outcomes
 
-    def baseline(self, eval_task: str, split: str, sources: Mapping[str, str]) -> Baseline:
+    def baseline(self, eval_task: str, split: str, sources: Mapping[str, str], *, rois: Sequence[str] = (),
+                 max_rois: int | None = None) -> Baseline:
         """What a model that learns nothing scores on this split (chance, or the training split's majority
-        answer), from the annotation files alone; torch-free. The eval JSON and the tables carry it."""
+        answer), from the annotation files (and, where `baseline_reads_rois`, the split's RoI parquets `rois`,
+        of which the model sees the first `max_rois` - 1 boxes); torch-free. The eval JSON and the tables
+        carry it."""
         return Baseline(None, f"no baseline defined for eval task {eval_task}")
+
+    def baseline_reads_rois(self, eval_task: str) -> bool:
+        """Whether `baseline` of `eval_task` needs the split's detected-RoI parquets (its candidates)."""
+        return False
 
     def secondary_metrics(self, eval_task: str, split: str, scored_rows: list[dict]) -> dict[str, float]:
         """More numbers for the eval JSON beside `metric`, from the rows `score` returned (the custom

@@ -240,10 +240,11 @@ def score_refcoco(rows: list[dict], refs_path: str, instances_path: str, split: 
     return value, scored
 
 
-def ground_truth_chance(data: RefcocoData) -> float:
+def candidate_chance(data: RefcocoData, candidates: dict[int, np.ndarray]) -> float:
     """Percent of expressions a uniformly drawn candidate of the image answers right, in expectation: per
-    expression, the share of the image's annotated boxes at IoU >= 0.5 with the referred object's."""
-    shares = [float((box_iou(data.image_boxes[e.image_id], e.gt_box[None]) >= CORRECT_IOU).mean())
+    expression, the share of its image's candidate boxes ({image_id: N x 4}) at IoU >= 0.5 with the referred
+    object's."""
+    shares = [float((box_iou(candidates[e.image_id], e.gt_box[None]) >= CORRECT_IOU).mean())
               for e in data.expressions]
     return 100.0 * float(np.mean(shares)) if shares else 0.0
 
@@ -382,10 +383,25 @@ class RefcocoTask(Task):
     def score(self, eval_task, split, rows, sources, where):
         return score_refcoco(rows, sources["refs"], sources["instances"], split, where)
 
-    def baseline(self, eval_task, split, sources):
-        if eval_task != "refcoco_gt":
-            return Baseline(None, "none computed: the detected track's candidates are the RoI parquet's boxes, "
-                                  "which scoring does not read")
+    def baseline(self, eval_task, split, sources, *, rois=(), max_rois=None):
+        if eval_task != "refcoco_gt" and (not rois or max_rois is None):
+            raise ValueError(f"{eval_task} {split}: its chance baseline needs the split's RoI parquets and "
+                             "model.max_rois (the detected track's candidates)")
         data = load_refcoco(sources["refs"], sources["instances"], split)
-        return Baseline(ground_truth_chance(data), "chance: a box drawn uniformly from the image's annotated "
-                                                   "objects (the ground-truth track's candidates)")
+        if eval_task == "refcoco_gt":
+            return Baseline(candidate_chance(data, data.image_boxes), "chance: a box drawn uniformly from the "
+                            "image's annotated objects (the ground-truth track's candidates)")
+        from vlbert_core.rois import read_rois
+
+        from .common import rois_for_key
+
+        records, where = {}, ", ".join(map(str, rois))
+        for path in rois:
+            records.update(read_rois(path))
+        candidates = {e.image_id: rois_for_key(records, e.image_key, where).boxes[: int(max_rois) - 1]
+                      for e in data.expressions}
+        return Baseline(candidate_chance(data, candidates), f"chance: a box drawn uniformly from the image's first "
+                        f"{int(max_rois) - 1} detected RoIs (the detected track's candidates)")
+
+    def baseline_reads_rois(self, eval_task):
+        return eval_task == "refcoco_det"

@@ -341,7 +341,7 @@ class RetrievalTask(Task):
     def score(self, eval_task, split, rows, sources, where):
         return score_retrieval(rows, load_split(sources, split), where)
 
-    def baseline(self, eval_task, split, sources):
+    def baseline(self, eval_task, split, sources, *, rois=(), max_rois=None):
         num_images = len(load_split(sources, split).images)
         return Baseline(100.0 / num_images, f"chance: 1 of the split's {num_images} images ranked first")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from vlbert_core.utils import atomic_path, get_logger
 
@@ -42,8 +42,11 @@ def read_prediction_bundle(path: str | os.PathLike, key: str) -> tuple[list[dict
 def evaluate_predictions(eval_task: str, split: str, bundle_path: str | os.PathLike,
                          sources: Mapping[str, str], json_path: str | os.PathLike,
                          predictions_path: str | os.PathLike, *, setting: str, schedule: str,
-                         dataset: str) -> dict[str, Any]:
-    """Score one (eval task, split) and write its predictions file and eval JSON (atomically)."""
+                         dataset: str, rois: Sequence[str | os.PathLike] = (),
+                         max_rois: int | None = None) -> dict[str, Any]:
+    """Score one (eval task, split) and write its predictions file and eval JSON (atomically); `rois` and
+    `max_rois`: the split's RoI parquets and the model's box count, for a baseline that reads them
+    (Task.baseline_reads_rois)."""
     task = task_of_eval(eval_task)
     if eval_task not in task.eval_task_names():
         raise ValueError(f"eval task {eval_task} is scored by its own workflow script from "
@@ -57,7 +60,7 @@ def evaluate_predictions(eval_task: str, split: str, bundle_path: str | os.PathL
               "num_examples": len(out_rows), "predictions": str(predictions_path),
               "setting": setting, "schedule": schedule, "model_dir": model_dir, "dataset": dataset,
               **task.secondary_metrics(eval_task, split, out_rows),
-              **task.baseline(eval_task, split, sources).fields()}
+              **task.baseline(eval_task, split, sources, rois=[str(p) for p in rois], max_rois=max_rois).fields()}
     with atomic_path(json_path) as tmp:
         tmp.write_text(json.dumps(result, indent=1) + "\n")
     log.info("%s %s: %s = %.2f over %d examples", eval_task, split, result["metric"], value, len(out_rows))

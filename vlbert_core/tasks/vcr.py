@@ -644,7 +644,7 @@ class VcrTask(Task):
     def score(self, eval_task, split, rows, sources, where):
         return score_vcr(rows, split_path(sources["annotations"], split), self.mode, where)
 
-    def baseline(self, eval_task, split, sources):
+    def baseline(self, eval_task, split, sources, *, rois=(), max_rois=None):
         return Baseline(100.0 / NUM_CANDIDATES, f"chance: 1 of the {NUM_CANDIDATES} candidates")
 
 

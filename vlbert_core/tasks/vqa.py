@@ -542,7 +542,7 @@ class VqaTask(Task):
         return score_vqa(rows, split_path(sources["questions"], split),
                          split_path(sources["annotations"], split), where)
 
-    def baseline(self, eval_task, split, sources):
+    def baseline(self, eval_task, split, sources, *, rois=(), max_rois=None):
         train = load_vqa(split_path(sources["questions"], self.train_split),
                          split_path(sources["annotations"], self.train_split))
         (answer,) = build_answer_vocab(train, 1)

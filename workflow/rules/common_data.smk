@@ -70,6 +70,13 @@ def task_rois(task, splits):
     )
 
 
+def baseline_rois(eval_task, split):
+    """The RoI parquets an eval task's baseline reads (Task.baseline_reads_rois): its split's, or none."""
+    if not task_of_eval(eval_task).baseline_reads_rois(eval_task):
+        return []
+    return task_rois(eval_to_finetune_task(eval_task), [split])
+
+
 def pretrain_cc_shards(wildcards):
     return [tar for split in config["cc"]["splits"] for tar in cc_shards(split)]
 

@@ -11,6 +11,8 @@ rule evaluate:
         annotations=lambda wc: source_files(
             finetune_dataset(eval_to_finetune_task(wc.eval_task)), [wc.split, "train"]
         ),
+        # the detected RoIs, for a baseline whose candidates they are (Task.baseline_reads_rois)
+        rois=lambda wc: baseline_rois(wc.eval_task, wc.split),
     output:
         json="results/eval/{eval_task}/{setting}/{schedule}/{split}.json",
         predictions="results/eval/{eval_task}/{setting}/{schedule}/{split}.predictions.json",
@@ -39,6 +41,7 @@ rule evaluate:
             )
         ),
         dataset=config["dataset"],
+        max_rois=config["model"]["max_rois"],
     script:
         "../scripts/evaluate.py"
 

@@ -19,6 +19,8 @@ def main(smk) -> None:
         setting=smk.params.setting,
         schedule=smk.params.schedule,
         dataset=smk.params.dataset,
+        rois=list(smk.input.rois),
+        max_rois=smk.params.max_rois,
     )
 
 
