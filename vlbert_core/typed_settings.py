@@ -34,6 +34,7 @@ def check_value(kind: str, value: Any, key: str, where: str) -> Any:
           "bool": lambda v: isinstance(v, bool),
           "str": lambda v: isinstance(v, str),
           "tuple[float, ...]": lambda v: isinstance(v, (list, tuple)) and all(map(_number, v)),
+          "tuple[str, ...]": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v),
           "tuple[int, ...]": lambda v: (isinstance(v, (list, tuple))
                                         and all(isinstance(n, int) and not isinstance(n, bool) for n in v)),
           "tuple[int, int]": lambda v: (isinstance(v, (list, tuple)) and len(v) == 2
@@ -47,7 +48,7 @@ def check_value(kind: str, value: Any, key: str, where: str) -> Any:
         return float(value)
     if kind == "tuple[float, ...]":
         return tuple(float(v) for v in value)
-    if kind in ("tuple[int, int]", "tuple[int, ...]"):
+    if kind in ("tuple[int, int]", "tuple[int, ...]", "tuple[str, ...]"):
         return tuple(value)
     if kind == "dict":
         return dict(value)
@@ -56,7 +57,7 @@ def check_value(kind: str, value: Any, key: str, where: str) -> Any:
 
 _NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
           "tuple[float, ...]": "a list of numbers", "tuple[int, int]": "a list of two integers",
-          "tuple[int, ...]": "a list of integers",
+          "tuple[int, ...]": "a list of integers", "tuple[str, ...]": "a list of strings",
           "dict": "a mapping"}
 
 

@@ -223,6 +223,21 @@ def test_vqa_predictions_file_is_the_official_results_format(tmp_path):
     assert not (tmp_path / "p2.json").exists()
 
 
+def test_held_out_concept_questions_are_those_with_a_word_no_training_question_has():
+    def question(i, text):
+        return vqa_lib.VqaQuestion(question_id=i, image_id=i, question=text, image_key=f"k{i}")
+
+    train = [question(0, "What color is the circle?"), question(1, "Is there a square?"),
+             question(2, "How many squares are there?")]
+    held_out = [question(10, "what color is the square?"),     # every word asked in training
+                question(11, "What color is the ring?"),       # "ring": never asked
+                question(12, "how many rings are there?"),     # "rings": never asked, though "ring" is held out too
+                question(13, "What COLOR is the circle ?")]    # case and punctuation as the official code cleans them
+    subset = vqa_lib.held_out_concept_questions(held_out, train)
+    assert [q.question_id for q in subset] == [11, 12]
+    assert vqa_lib.held_out_concept_questions(held_out, held_out) == []
+
+
 def test_vqa_loader_keeps_annotation_order_and_refuses_indistinct_human_records(tmp_path):
     sources = _write_vqa(tmp_path, {11: ["yes"] * 10, 12: ["no"] * 10})
     items = vqa_lib.load_vqa(tmp_path / "q_val.json", tmp_path / "a_val.json")

@@ -26,6 +26,7 @@ from vlbert_core.world.language import (
     referring_expressions,
     vcr_items,
     vqa_answers,
+    names_category,
     vqa_questions,
 )
 from vlbert_core.world.scene import (
@@ -391,6 +392,29 @@ def test_vqa_files(world):
                                / f"COCO_{split}2014_{q['image_id']:012d}.jpg")
             if q["question"].startswith("what color"):
                 assert _has_colour(image, (0, 0, 128, 128), ann["multiple_choice_answer"]), q
+
+
+def test_vqa_training_questions_leave_the_held_out_categories_unnamed():
+    """No VQA training question or answer names a held-out category, though the images show them; val asks about
+    them as the unfiltered generator does, so the held-out-concepts column has its examples."""
+    held_out = ("diamond", "ring")
+    named_in_train = named_in_val = shown_in_train = 0
+    for i in range(60):
+        scene = sample_scene(np_rng(5, "test-held-out", i), 128)
+        shown_in_train += any(o.category in held_out for o in scene.objects)
+        train = vqa_questions(scene, py_rng(5, "test-held-out", i), 3, unasked=held_out)
+        val = vqa_questions(scene, py_rng(5, "test-held-out", i), 3)
+        named_in_train += sum(names_category(q, held_out) for q in train)
+        named_in_val += sum(names_category(q, held_out) for q in val)
+        assert all(q.answer not in ("diamond", "ring") for q in train)
+        assert not any(w in q.question.rstrip("?").split() for q in train for w in ("diamond", "diamonds", "ring",
+                                                                                     "rings"))
+    assert named_in_train == 0 and named_in_val > 10 and shown_in_train > 10
+
+
+def test_the_held_out_categories_must_be_the_worlds(tmp_path):
+    with pytest.raises(ValueError, match=r"world\.vqa_held_out_categories.*'hexagon'"):
+        generate_world({**TINY_WORLD, "vqa_held_out_categories": ["ring", "hexagon"]}, SOURCES, tmp_path, SEED)
 
 
 def test_vcr_files(world):

@@ -425,12 +425,24 @@ def vqa_image_paths(questions_json: str | os.PathLike, images_dir: str | os.Path
     return paths
 
 
-def score_vqa(rows: list[dict], questions_path: str, annotations_path: str, where: str) -> tuple[float, list[dict]]:
-    """Official VQA accuracy (percent, rounded as the official code reports it) and the
-    predictions in the official results format, unchanged from the bundle's order, each with its
-    question's accuracy (0..1, `accuracy`, a key the official loader ignores) for the paired test."""
+def question_words(question: str) -> list[str]:
+    """A question's words as the official code cleans text: lower case, punctuation processed."""
+    return process_punctuation(question.lower()).split()
+
+
+def held_out_concept_questions(held_out: Sequence[VqaQuestion], train: Sequence[VqaQuestion]) -> list[VqaQuestion]:
+    """The held-out questions with a word that no training question has: what fine-tuning never asked about,
+    so only what the model brought to it (pre-training) can answer it. In the embedded world these are the
+    questions naming `world.vqa_held_out_categories`; in real data, the rare words of the split."""
+    seen = {word for q in train for word in question_words(q.question)}
+    return [q for q in held_out if not seen.issuperset(question_words(q.question))]
+
+
+def score_vqa(rows: list[dict], questions: list[VqaQuestion], where: str) -> tuple[float, list[dict]]:
+    """Official VQA accuracy (percent, rounded as the official code reports it) of `questions` (loaded with
+    their annotations) and the predictions in the official results format, unchanged from the bundle's order,
+    each with its question's accuracy (0..1, `accuracy`, a key the official loader ignores) for the paired test."""
     submission = vqa_submission(rows, where)
-    questions = load_vqa(questions_path, annotations_path)
     check_prediction_ids([r["question_id"] for r in submission], [q.question_id for q in questions],
                          "question_id", where)
     answers = {r["question_id"]: r["answer"] for r in submission}
@@ -442,12 +454,18 @@ def score_vqa(rows: list[dict], questions_path: str, annotations_path: str, wher
 
 # VQA's val split stands in for test-dev: test-dev's answers are held by the evaluation server
 VQA_HELD_OUT = "val (held out; stands in for test-dev)"
+# the questions of the held-out split with a word no training question has (held_out_concept_questions); not a
+# column of the paper's
+HELD_OUT_CONCEPTS = "vqa_held_out_concepts"
+HELD_OUT_CONCEPTS_SPLIT = f"{VQA_HELD_OUT}, the questions with a word no train question has"
 VQA_TABLE = PaperTable(
     "table2_vqa",
     "Table 2: VQA v2 accuracy (%)",
     (
         TableColumn("test_dev", "test-dev", "vqa", "val", split_label=VQA_HELD_OUT),
         TableColumn("test_std", "test-std", None, None, NO_TEST_LABELS),
+        TableColumn("held_out_concepts", "held-out concepts", HELD_OUT_CONCEPTS, "val",
+                    split_label=HELD_OUT_CONCEPTS_SPLIT),
     ),
     decimals=2,
 )
@@ -467,7 +485,10 @@ class VqaTask(Task):
     required_hparams = ("num_answers",)
     owned_modules = ("tasks/vqa.py", "tasks/modeling/vqa.py")
     paper_table = VQA_TABLE
-    ablation_columns = (TableColumn("vqa_test_dev", "VQA test-dev", "vqa", "val", split_label=VQA_HELD_OUT),)
+    eval_tasks = ("vqa", HELD_OUT_CONCEPTS)
+    ablation_columns = (TableColumn("vqa_test_dev", "VQA test-dev", "vqa", "val", split_label=VQA_HELD_OUT),
+                        TableColumn("vqa_held_out_concepts", "VQA held-out concepts", HELD_OUT_CONCEPTS, "val",
+                                    split_label=HELD_OUT_CONCEPTS_SPLIT))
     example_key = ("question_id",)
     outcome_field = "accuracy"  # soft: 0, 1/3, ..., 1 (min(#humans that said it / 3, 1), averaged)
     paired_test = "bootstrap"
@@ -481,12 +502,25 @@ class VqaTask(Task):
                    rois_source, eval_task=None, max_examples=None):
         VqaData = model_side("modeling.vqa", "VqaData")
 
-        questions = load_vqa(split_path(sources["questions"], split), split_path(sources["annotations"], split))
+        questions = self.questions(split, sources, eval_task)
         questions = questions[:max_examples] if max_examples else questions
         images_dir = Path(split_path(sources["images"], split))
         return VqaData([(q, images_dir / f"{q.image_key}.jpg") for q in questions], rois or {},
                        rois_source, tokens, meta.get("answers"), max_rois=max_rois,
                        max_text_len=max_text_len, images=images)
+
+    def questions(self, split, sources, eval_task=None) -> list[VqaQuestion]:
+        """The split's questions (with their annotations); of eval task `vqa_held_out_concepts`, those with a word
+        no training question has."""
+        questions = load_vqa(split_path(sources["questions"], split), split_path(sources["annotations"], split))
+        if eval_task != HELD_OUT_CONCEPTS:
+            return questions
+        train = load_vqa(split_path(sources["questions"], self.train_split))
+        subset = held_out_concept_questions(questions, train)
+        if not subset:
+            raise ValueError(f"{HELD_OUT_CONCEPTS} {split}: no question of {split_path(sources['questions'], split)} "
+                             f"has a word that the {self.train_split} questions lack, so the column has no examples")
+        return subset
 
     def roi_image_paths(self, split, sources):
         return vqa_image_paths(split_path(sources["questions"], split), split_path(sources["images"], split))
@@ -539,14 +573,12 @@ class VqaTask(Task):
                 for row_scores, row_best in zip(scores, best)]
 
     def score(self, eval_task, split, rows, sources, where):
-        return score_vqa(rows, split_path(sources["questions"], split),
-                         split_path(sources["annotations"], split), where)
+        return score_vqa(rows, self.questions(split, sources, eval_task), where)
 
     def baseline(self, eval_task, split, sources, *, rois=(), max_rois=None):
         train = load_vqa(split_path(sources["questions"], self.train_split),
                          split_path(sources["annotations"], self.train_split))
         (answer,) = build_answer_vocab(train, 1)
-        held_out = sorted(load_vqa(split_path(sources["questions"], split), split_path(sources["annotations"], split)),
-                          key=lambda q: q.annotation_index)
+        held_out = sorted(self.questions(split, sources, eval_task), key=lambda q: q.annotation_index)
         value = vqa_overall_accuracy([vqa_accuracy(answer, q.answers) for q in held_out])
         return Baseline(value, f"majority: always {answer!r}, the most frequent {self.train_split} answer")

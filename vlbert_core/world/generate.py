@@ -56,6 +56,10 @@ OPTIONAL_DEFAULTS = {
     "refcoco_refs_per_image": 3,
     "vqa_disagreement": 0.3,
     "vcr_images_per_movie": 20,
+    # Categories no VQA training question or answer names; captions, books and wiki still do, and VQA val asks about
+    # them as often as about any other: the "held-out concepts" column (docs/default-run.md). The last two of the
+    # vocabulary, fixed before any measurement.
+    "vqa_held_out_categories": ["diamond", "ring"],
 }
 
 
@@ -79,6 +83,7 @@ class WorldSettings:
     refcoco_refs_per_image: int
     vqa_disagreement: float
     vcr_images_per_movie: int
+    vqa_held_out_categories: tuple[str, ...]
     flickr_images: dict | None = None
 
 
@@ -135,6 +140,13 @@ def _check_config(cfg: dict, sources: dict) -> WorldSettings:
     lo, hi = settings.objects_per_scene
     if not 2 <= lo <= hi:
         raise ValueError(f"config world.objects_per_scene: expected [lo, hi] with 2 <= lo <= hi, got {[lo, hi]}")
+    held_out = settings.vqa_held_out_categories
+    if not all(c in CATEGORY_BY_NAME for c in held_out):
+        raise ValueError(f"config world.vqa_held_out_categories: expected a list of the world's categories "
+                         f"{list(CATEGORY_NAMES)}, got {held_out!r}")
+    if len(set(held_out)) == len(CATEGORY_NAMES):
+        raise ValueError("config world.vqa_held_out_categories: holds out every category; VQA training would "
+                         "have no question about an object's kind")
     unknown = set(cfg["refcoco_images"]) - {"train", "val", "testA", "testB"}
     if unknown:
         raise ValueError(f"config world.refcoco_images: unknown split(s) {sorted(unknown)}; "
@@ -247,6 +259,7 @@ class _World:
         disagreement = self.cfg.vqa_disagreement
         self.counts["vqa"] = {}
         for split, n in self.cfg.vqa_images.items():
+            unasked = self.cfg.vqa_held_out_categories if split == "train" else ()
             image_dir = self.path(self.sources["vqa"]["images"], split=split)
             subtype = f"{split}2014"
             questions, annotations = [], []
@@ -254,7 +267,8 @@ class _World:
             for i in self.progress(n, f"vqa {split}"):
                 image_id = self.next_coco_image_id
                 self.next_coco_image_id += 1
-                scene, rng, asked = self._with_questions("vqa", split, i, lambda s, r: vqa_questions(s, r, k), k)
+                scene, rng, asked = self._with_questions("vqa", split, i,
+                                                         lambda s, r: vqa_questions(s, r, k, unasked), k)
                 formats.save_jpeg(render(scene), image_dir / f"COCO_{subtype}_{image_id:012d}.jpg", self.quality)
                 for q_index, q in enumerate(asked):
                     question_id = image_id * 1000 + q_index
@@ -278,7 +292,8 @@ class _World:
             formats.write_json(self.path(self.sources["vqa"]["annotations"], split=split), {
                 "info": info, "license": license_, "data_type": "mscoco", "data_subtype": subtype,
                 "annotations": annotations})
-            self.counts["vqa"][split] = {"images": n, "questions": len(questions), "answer_types": dict(answer_types)}
+            self.counts["vqa"][split] = {"images": n, "questions": len(questions), "answer_types": dict(answer_types),
+                                         "unasked_categories": list(unasked)}
             log.info("vqa %s: %d images, %d questions", split, n, len(questions))
 
     def _with_questions(self, dataset: str, split: str, i: int, ask, k: int):

@@ -448,9 +448,18 @@ def _vqa_candidates(scene: Scene, rng: random.Random) -> dict[str, list[VqaQuest
     return out
 
 
-def vqa_questions(scene: Scene, rng: random.Random, k: int) -> list[VqaQuestion]:
-    """Up to k distinct questions with unique answers, spread over the question kinds."""
+def names_category(q: VqaQuestion, categories: tuple[str, ...]) -> bool:
+    """Whether the question or its answer names one of `categories` (singular or plural)."""
+    names = {n for c in categories for n in (c, plural(c))}
+    return q.answer in names or not names.isdisjoint(q.question.rstrip("?").split())
+
+
+def vqa_questions(scene: Scene, rng: random.Random, k: int, unasked: tuple[str, ...] = ()) -> list[VqaQuestion]:
+    """Up to k distinct questions with unique answers, spread over the question kinds; none names a category of
+    `unasked` (the training split's held-out concepts), though the scene may show one."""
     candidates = _vqa_candidates(scene, rng)
+    if unasked:
+        candidates = {kind: [q for q in pool if not names_category(q, unasked)] for kind, pool in candidates.items()}
     chosen: list[VqaQuestion] = []
     seen: set[str] = set()
     kinds = [kind for kind in candidates if candidates[kind]]
