@@ -6,7 +6,7 @@ vlbert_core/convert/vilbert/pipeline_check.py PIPELINE_CONFIG with seed 0: the d
 vilbert-pipeline.json has the config, the seed and the differences seen.
 
 It needs the authors' code, so CI does not run it: a checkout of facebookresearch/vilbert-multi-task and a Python
-environment with torch, numpy and lmdb (convert/vilbert/authors_reader_runner.py says what is stood in for).
+environment with torch, numpy, lmdb and h5py (convert/vilbert/authors_reader_runner.py says what is stood in for).
 
 Run: uv run python tests/data/golden/make_golden_vilbert_pipeline.py --authors-repo vilbert-multi-task \
          --authors-python ENV/bin/python

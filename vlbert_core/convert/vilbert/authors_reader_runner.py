@@ -1,7 +1,8 @@
 """Feed the authors' ViLBERT (facebookresearch/vilbert-multi-task) region inputs made by their own feature reader,
 and save its per-stage outputs: the other half of `python -m vlbert_core.convert.vilbert.pipeline_check`.
 
-A standalone script for the authors' environment (torch, numpy, lmdb; never this package). It takes given
+A standalone script for the authors' environment (torch, numpy, and lmdb and h5py, which their reader imports;
+never this package). It takes given
 detections of each image (boxes in the image's own pixels and one 2048-d feature each, the features this
 project's visual network computed for them), writes them into an LMDB laid out as the authors' feature files
 are (a pickled "keys" list, and per image a pickled dict of image_id, image_h, image_w, features, boxes), and

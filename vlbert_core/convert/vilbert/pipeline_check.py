@@ -159,30 +159,26 @@ def mlm_positions(text_mask: np.ndarray) -> np.ndarray:
     return positions
 
 
-def detections_for_authors(images: Mapping[str, np.ndarray], roi_features: np.ndarray) -> dict[str, np.ndarray]:
-    """The authors' side's input: per image its boxes in its own pixels and their RoI features (our visual
-    network's, box slots 1.. of the pipeline's batch: the detections, then the ground-truth boxes)."""
+def detections_for_authors(images: Mapping[str, np.ndarray], roi_features: np.ndarray,
+                           with_ground_truth: bool) -> dict[str, np.ndarray]:
+    """The authors' side's input: per image its boxes in its own pixels and their RoI features, our visual
+    network's at box slots 1.. of the pipeline's batch (the detections, then with_ground_truth the ground-truth
+    boxes, as pipeline_batch lays them out)."""
     out = {"image_w": images["image_w"], "image_h": images["image_h"]}
-    det_max, gt_max = images["det_boxes"].shape[1], images["gt_boxes"].shape[1]
-    out["det_boxes"], out["det_count"] = images["det_boxes"], images["det_count"]
-    out["det_features"] = np.zeros((len(roi_features), det_max, roi_features.shape[2]), dtype=np.float32)
-    out["gt_boxes"], out["gt_count"] = images["gt_boxes"], images["gt_count"]
-    out["gt_features"] = np.zeros((len(roi_features), gt_max, roi_features.shape[2]), dtype=np.float32)
-    for i, (n_det, n_gt) in enumerate(zip(images["det_count"], images["gt_count"])):
-        out["det_features"][i, :n_det] = roi_features[i, 1: 1 + n_det]
-        if roi_features.shape[1] >= 1 + n_det + n_gt:
-            out["gt_features"][i, :n_gt] = roi_features[i, 1 + n_det: 1 + n_det + n_gt]
+    for kind in ["det"] + (["gt"] if with_ground_truth else []):
+        count, boxes = images[f"{kind}_count"], images[f"{kind}_boxes"]
+        features = np.zeros((len(roi_features), boxes.shape[1], roi_features.shape[2]), dtype=np.float32)
+        for i, n in enumerate(count):
+            first = 1 if kind == "det" else 1 + int(images["det_count"][i])
+            features[i, :n] = roi_features[i, first: first + n]
+        out.update({f"{kind}_boxes": boxes, f"{kind}_count": count, f"{kind}_features": features})
     return out
 
 
 # ---- the comparison ---------------------------------------------------------------------------------------------
 
-def run_authors(args, config_file: Path, checkpoint: Path, detections: dict, text: dict, out_path: Path,
-                vcr_form: bool) -> dict[str, np.ndarray]:
-    detections = dict(detections)
-    if not vcr_form:
-        for key in ("gt_boxes", "gt_features", "gt_count"):
-            detections.pop(key)
+def run_authors(args, config_file: Path, checkpoint: Path, detections: dict, text: dict,
+                out_path: Path) -> dict[str, np.ndarray]:
     save_arrays(detections, out_path.with_suffix(".detections.npz"))
     save_arrays(text, out_path.with_suffix(".text.npz"))
     command = [str(args.authors_python), str(RUNNER), "--authors-repo", str(args.authors_repo), "--config",
@@ -210,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--authors-repo", required=True, type=Path,
                         help="a checkout of facebookresearch/vilbert-multi-task")
     parser.add_argument("--authors-python", default=sys.executable,
-                        help="the Python of an environment with torch, numpy and lmdb that runs their code "
+                        help="the Python of an environment with torch, numpy, lmdb and h5py that runs their code "
                              "(default: this one)")
     parser.add_argument("--vcr-form", action="store_true",
                         help="also check the VCR merge of detected and ground-truth boxes")
@@ -233,9 +229,9 @@ def verify(args) -> dict[str, list[dict]]:
         for form in forms:
             vcr_form = form == "vcr"
             ours, given = ours_on(converted, images, workdir, vcr_form)
-            detections = detections_for_authors(images, given["roi_features"])
+            detections = detections_for_authors(images, given["roi_features"], vcr_form)
             theirs = run_authors(args, config_file, checkpoint, detections, given["text"],
-                                 workdir / f"authors-{form}.npz", vcr_form)
+                                 workdir / f"authors-{form}.npz")
             missing = sorted(set(theirs) ^ set(ours))
             if missing:
                 raise SystemExit(f"stages only one side has: {missing}")
