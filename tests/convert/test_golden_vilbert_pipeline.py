@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from vlbert_core.convert.stages import load_arrays
-from vlbert_core.convert.vilbert.pipeline_check import FILES, PIPELINE_CONFIG, ours_on, our_pipeline_stages, pipeline_batch
+from vlbert_core.convert.vilbert.pipeline_check import (FILES, PIPELINE_CONFIG, our_pipeline_stages, ours_on,
+                                                        pipeline_batch)
 from vlbert_core.convert.vilbert.reference import TOLERANCE, convert_stand_in, load_converted
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"

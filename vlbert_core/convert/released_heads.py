@@ -60,8 +60,9 @@ class ReleasedLayout:
                              "task output; a fine-tuned one has both")
         if self.whole_image_candidate and not self.per_box:
             raise ValueError(f"released layout {self.name!r}: box 0 as a candidate needs one score per box (per_box)")
-        if self.fixed_canvas is not None and (len(self.fixed_canvas) != 2 or not 0 < self.fixed_canvas[0] <= self.fixed_canvas[1]):
-            raise ValueError(f"released layout {self.name!r}: fixed_canvas is (short, long) sides, got {self.fixed_canvas}")
+        canvas = self.fixed_canvas
+        if canvas is not None and (len(canvas) != 2 or not 0 < canvas[0] <= canvas[1]):
+            raise ValueError(f"released layout {self.name!r}: fixed_canvas is (short, long) sides, got {canvas}")
 
     @property
     def pretrained(self) -> bool:

@@ -254,8 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     results = verify(args)
     status = 0
     for form, rows in results.items():
-        title = (f"ViLBERT on the pipeline's inputs ({'VCR merge of detections and ground truth' if form == 'vcr' else 'detections'}), "
-                 f"ours vs the authors' reader and model, fp32 on {os.cpu_count()} CPU cores")
+        what = "VCR merge of detections and ground truth" if form == "vcr" else "detections"
+        title = (f"ViLBERT on the pipeline's inputs ({what}), ours vs the authors' reader and model, fp32 on "
+                 f"{os.cpu_count()} CPU cores")
         json_path = None if args.json is None else args.json.with_suffix(f".{form}.json")
         status |= report_stages(rows, title, TOLERANCE, json_path)
     return status
