@@ -43,6 +43,12 @@ class ReleasedLayout:
     output: str | None = None  # the stage our head's logits (the authors' label_logits) are kept as; None: the
     #                            pre-training heads' MLM and masked-RoI logits and losses
     per_box: bool = False      # `output` has one score per box, kept at the real boxes
+    # (short, long) canvas every normalised image is zero-padded to, by its orientation (the authors' FixPadding
+    # with their config's SCALES, vcr/data/transforms/build.py); None: padded to the batch's largest image
+    fixed_canvas: tuple[int, int] | None = None
+    # per-box layouts: the prediction is the argmax over every real box, box 0 (the whole image) included, as
+    # the authors' inference_forward takes it; both sides then also report the predicted index and box
+    whole_image_candidate: bool = False
 
     def __post_init__(self) -> None:
         if self.inputs not in INPUT_KINDS:
@@ -52,6 +58,11 @@ class ReleasedLayout:
         if (self.task is None) != (self.output is None) or (self.task is None) != (self.inputs == PRETRAINING_INPUTS):
             raise ValueError(f"released layout {self.name!r}: a pre-trained model has pre-training inputs and no "
                              "task output; a fine-tuned one has both")
+        if self.whole_image_candidate and not self.per_box:
+            raise ValueError(f"released layout {self.name!r}: box 0 as a candidate needs one score per box (per_box)")
+        canvas = self.fixed_canvas
+        if canvas is not None and (len(canvas) != 2 or not 0 < canvas[0] <= canvas[1]):
+            raise ValueError(f"released layout {self.name!r}: fixed_canvas is (short, long) sides, got {canvas}")
 
     @property
     def pretrained(self) -> bool:
@@ -74,10 +85,10 @@ LAYOUTS = {layout.name: layout for layout in (
     # <expression, image>: one score per box
     ReleasedLayout("refcoco", "refcoco-base", "refcoco", False, "cfgs/refcoco/base_detected_regions_4x16G.yaml",
                    "refcoco", "ResNetVLBERT", SENTENCE_INPUTS, sentence="expression", sentence_lengths=(6, 4),
-                   output="box_scores", per_box=True),
+                   output="box_scores", per_box=True, whole_image_candidate=True),
     # <question, answer, image> for each of 4 candidates: one score per candidate
     ReleasedLayout("vcr", "vcr-base", "vcr_q2a", False, "cfgs/vcr/base_q2a_4x16G_fp32.yaml", "vcr", "ResNetVLBERT",
-                   CANDIDATE_INPUTS, rows_per_image=4, output="choice_scores"),
+                   CANDIDATE_INPUTS, rows_per_image=4, output="choice_scores", fixed_canvas=(600, 1200)),
 )}
 
 

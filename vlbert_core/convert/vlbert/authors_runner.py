@@ -19,6 +19,11 @@ Stand-ins it needs to run their code on a CPU under today's torch (nothing of th
   IMAGE_PRETRAINED); the checkpoint overwrites every one of those tensors afterwards, so the runner gives them
   a vocabulary and a random ResNet-101 in a temporary directory, and a zero "BERT MLM transform" to the VQA
   head's initialiser (`torch.load` of no file).
+
+A layout with a fixed canvas (VCR) takes its images through the authors' own test transform and collate
+(canvas_images: their Normalize and FixPadding with their config's SCALES) instead of the given normalised ones,
+and reports them as the stage canvas_images; a per-box layout (RefCOCO+) also reports their prediction, the
+argmax over all box slots and its box (predicted_index, predicted_box).
 """
 
 from __future__ import annotations
@@ -199,10 +204,35 @@ def masked_images(inputs: dict) -> torch.Tensor:
     return images
 
 
-def forward(model, layout, inputs: dict) -> dict:
-    """Run the model on the reference batch of `layout` (a ReleasedLayout); returns its outputs (the model's dict)."""
+def canvas_images(layout, config, inputs: dict) -> torch.Tensor:
+    """The batch's images through the authors' test transform of `layout`'s package and their collate: to a
+    tensor, BGR x 255 normalised by their config's PIXEL_MEANS / PIXEL_STDS, zero-padded to the fixed canvas of
+    their SCALES (FixPadding), then padded to the batch's largest (clip_pad_images). Their Resize and flip are
+    left out: the reference images are given at their fitted size, and a test transform does not flip."""
+    from PIL import Image
+
+    transforms = importlib.import_module(f"{layout.authors_package}.data.transforms.transforms")
+    from common.utils.clip_pad import clip_pad_images
+
+    steps = transforms.Compose([
+        transforms.ToTensor(),
+        transforms.Normalize(mean=config.NETWORK.PIXEL_MEANS, std=config.NETWORK.PIXEL_STDS, to_bgr255=True),
+        transforms.FixPadding(config.SCALES[0], config.SCALES[1], pad=0)])
+    images = []
+    for i, (w, h) in enumerate(inputs["image_sizes"]):
+        image, _, _, _ = steps(Image.fromarray(inputs["images"][i, :h, :w]), None, None, None)
+        images.append(image)
+    shape = tuple(max(sizes) for sizes in zip(*(image.shape for image in images)))
+    return torch.stack([clip_pad_images(image, shape, pad=0) for image in images])
+
+
+def forward(model, layout, inputs: dict, images: torch.Tensor | None = None) -> dict:
+    """Run the model on the reference batch of `layout` (a ReleasedLayout); returns its outputs (the model's dict).
+    `images`: the batch's images as the authors' transform made them (canvas_images); default: the given
+    normalised images."""
     precomputed = layout.precomputed
-    images = None if precomputed else masked_images(inputs)
+    if images is None and not precomputed:
+        images = masked_images(inputs)
     if layout.inputs == _TABLE.PRETRAINING_INPUTS:
         args = (images, boxes_padded(inputs, -2.0, precomputed), im_info(inputs, True), t(inputs["text"]),
                 torch.ones(inputs["text"].shape[0], dtype=torch.long), t(inputs["mlm_labels"]),
@@ -255,6 +285,11 @@ def stages(layout, inputs: dict, outputs: dict, recorded: dict) -> dict[str, np.
     else:
         logits = outputs["label_logits"]
         out[layout.output] = (logits[:, : valid.shape[1]][valid] if layout.per_box else logits).numpy()
+        if layout.per_box:
+            # their prediction (RefCOCO+ inference_forward): the argmax over every box slot, box 0 included,
+            # and that box, scaled back to the original image by im_info's ratios
+            out["predicted_index"] = logits.argmax(1).numpy()
+            out["predicted_box"] = outputs["pred_boxes"].numpy()
     return out
 
 
@@ -276,11 +311,14 @@ def main(argv=None) -> int:
     with np.load(args.inputs, allow_pickle=False) as data:
         inputs = {k: data[k] for k in data.files}
     with tempfile.TemporaryDirectory() as workdir:
-        model, _ = build_model(repo, layout, args.config, args.vocab, workdir)
+        model, config = build_model(repo, layout, args.config, args.vocab, workdir)
     load_checkpoint(model, args.checkpoint)
     recorder = Recorder(model)
-    outputs = forward(model, layout, inputs)
+    images = canvas_images(layout, config, inputs) if layout.fixed_canvas is not None else None
+    outputs = forward(model, layout, inputs, images)
     result = stages(layout, inputs, outputs, recorder.outputs)
+    if images is not None:
+        result["canvas_images"] = images.numpy()
     tmp = args.out + ".tmp"
     with open(tmp, "wb") as f:
         np.savez_compressed(f, **result)

@@ -330,6 +330,21 @@ def _candidate_samples(inputs: dict[str, np.ndarray], image_samples: list[dict])
     return samples
 
 
+def _box_prediction(layout: ReleasedLayout, scores: torch.Tensor, batch) -> dict[str, np.ndarray]:
+    """The RefCOCO+ prediction as the task's evaluation makes it: the argmax over the candidate boxes
+    (tasks/modeling/refcoco.py candidate_boxes: box 0 with the layout's whole_image_candidate), and that box.
+    The reference images are at their own size, so the box in the batch's pixels is the box in the image's."""
+    from vlbert_core.tasks.modeling.refcoco import RefCOCOHead, candidate_boxes
+
+    candidate = torch.zeros_like(batch.box_valid)
+    for row, valid in enumerate(batch.box_valid):
+        n = int(valid.sum())
+        candidate[row, :n] = candidate_boxes(n, layout.whole_image_candidate)
+    chosen = RefCOCOHead.predict(scores, candidate)
+    return {"predicted_index": chosen.numpy(),
+            "predicted_box": batch.boxes[torch.arange(len(chosen)), chosen].numpy()}
+
+
 @torch.no_grad()
 def our_outputs(layout: ReleasedLayout, model_dir: str | Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """This project's per-stage outputs on the reference batch, from the converted model directory `model_dir`:
@@ -380,13 +395,19 @@ def our_outputs(layout: ReleasedLayout, model_dir: str | Path, inputs: dict[str,
         stages, attention, box_valid = recorder.outputs, inputs_b.attention_mask, inputs_b.box_valid
     else:
         batch = collate_samples(_candidate_samples(inputs, image_samples) if layout.inputs == CANDIDATE_INPUTS
-                                else _sentence_samples(layout, inputs, image_samples))
+                                else _sentence_samples(layout, inputs, image_samples), canvas=layout.fixed_canvas)
         recorder = _StageRecorder(vlbert)
         output = vlbert.encode(batch, roi_features=features, rows_per_image=layout.rows_per_image)
         # VCR's head scores each image's run of candidate rows
         scores = finetuned.head(output, batch, *((layout.rows_per_image,) if layout.rows_per_image > 1 else ()))
         outputs[layout.output] = _boxes_of(scores, batch.box_valid) if layout.per_box else scores.numpy()
         recorder.close()
+        if layout.fixed_canvas is not None:
+            # the images as the visual network takes them, each on its canvas
+            image_rows = torch.arange(len(inputs["num_boxes"])) * layout.rows_per_image
+            outputs["canvas_images"] = batch.images[image_rows].numpy()
+        if layout.per_box:
+            outputs.update(_box_prediction(layout, scores, batch))
         stages, attention, box_valid = recorder.outputs, batch.attention_mask, batch.box_valid
 
     outputs["embeddings"] = _real_positions(stages["embeddings"], attention)

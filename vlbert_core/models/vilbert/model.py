@@ -95,15 +95,36 @@ def text_stream(batch: ModelBatch, type_vocab_size: int) -> tuple[torch.Tensor, 
 GLOBAL_LOCATION = (0.0, 0.0, 1.0, 1.0, 1.0)
 
 
-def mean_global_region(features: torch.Tensor, locations: torch.Tensor,
-                       region_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Region 0 as the released models saw it: the mean of regions 1.. (the real ones of each row, before any
-    masking) at location (0, 0, 1, 1, 1), as the authors' _image_features_reader computes g_feat / g_location
-    (for VCR their count-weighted mean of the detected and the ground-truth boxes' means is the same mean over
-    all of them). features [B, R, D], locations [B, R, 5], region_mask Bool [B, R] -> the two with row 0 replaced."""
-    others = region_mask[:, 1:, None].to(features.dtype)
-    count = others.sum(1).clamp(min=1.0)
-    mean = (features[:, 1:] * others).sum(1) / count
+def mean_global_region(features: torch.Tensor, locations: torch.Tensor, region_mask: torch.Tensor,
+                       ground_truth: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Region 0 as the released models saw it, at location (0, 0, 1, 1, 1): the mean of regions 1.. (the real
+    ones of each row, before any masking), as the authors' _image_features_reader computes g_feat / g_location.
+    features [B, R, D], locations [B, R, 5], region_mask Bool [B, R] -> the two with row 0 replaced.
+
+    `ground_truth` (Bool [B, R]) marks the ground-truth boxes of the authors' VCR form, which merges a detected
+    and a ground-truth feature file (their vcr_dataset.py): each file's mean weighted by that file's row count,
+    which counts its own row 0, so ((n_det + 1) mean_det + (n_gt + 1) mean_gt) / (n_det + n_gt + 2), not the
+    plain mean of all the regions. Every row then needs at least one region of each kind."""
+    real = region_mask.clone()
+    real[:, 0] = False
+    if ground_truth is None:
+        others = real[..., None].to(features.dtype)
+        mean = (features * others).sum(1) / others.sum(1).clamp(min=1.0)
+    else:
+        if ground_truth.shape != region_mask.shape:
+            raise ValueError(f"mean_global_region: ground_truth has shape {tuple(ground_truth.shape)}, the regions "
+                             f"{tuple(region_mask.shape)}")
+        groups = [real & ~ground_truth, real & ground_truth]   # detected, ground truth
+        counts = [group.sum(1) for group in groups]
+        if any(bool((count == 0).any()) for count in counts):
+            raise ValueError("mean_global_region: the VCR form needs at least one detected and one ground-truth "
+                             "region in every row")
+        mean = features.new_zeros(features.shape[0], features.shape[2])
+        for group, count in zip(groups, counts):
+            weight = group[..., None].to(features.dtype)
+            group_mean = (features * weight).sum(1) / count[:, None].to(features.dtype)
+            mean = mean + (count[:, None] + 1).to(features.dtype) * group_mean
+        mean = mean / (counts[0] + counts[1] + 2)[:, None].to(features.dtype)
     global_location = locations.new_tensor(GLOBAL_LOCATION).expand(locations.shape[0], 1, 5)
     return torch.cat([mean[:, None], features[:, 1:]], 1), torch.cat([global_location, locations[:, 1:]], 1)
 

@@ -54,6 +54,17 @@ class RefCOCOHead(nn.Module):
         return logits.masked_fill(~candidate, float("-inf")).argmax(dim=1)
 
 
+def candidate_boxes(num_boxes: int, whole_image_candidate: bool) -> torch.Tensor:
+    """Bool [num_boxes]: which of an image's boxes (box 0 the whole image, then its RoIs) the loss and the
+    prediction's argmax consider: every RoI, and box 0 only with `whole_image_candidate` (the authors' code
+    argmaxes over all boxes, box 0 included; finetune.refcoco.whole_image_candidate)."""
+    if num_boxes < 1:
+        raise ValueError(f"a RefCOCO+ image has box 0 (the whole image) at least, got {num_boxes} boxes")
+    candidate = torch.ones(num_boxes, dtype=torch.bool)
+    candidate[0] = bool(whole_image_candidate)
+    return candidate
+
+
 class RefcocoSamples:
     """<Query, Image> with one binary target per candidate box (IoU > 0.5 with the referred box).
 
@@ -112,10 +123,8 @@ class RefcocoSamples:
         if expr.gt_box is not None:
             every_box = np.concatenate([self.box(i, 0)[None], candidates])
             labels[:] = torch.from_numpy((box_iou(every_box, expr.gt_box)[:, 0] > POSITIVE_IOU).astype(np.float32))
-        candidate = torch.ones(len(boxes), dtype=torch.bool)
-        if not self.whole_image_candidate:
-            candidate[0] = False
-            labels[0] = 0.0
+        candidate = candidate_boxes(len(boxes), self.whole_image_candidate)
+        labels[~candidate] = 0.0
         return {"sequence": self.tokens.sequence(ids, None, len(boxes)), "image": image,
                 "boxes": boxes, "labels": labels, "candidate": candidate, "index": i,
                 "image_key": f"{expr.image_key}/{self.track}"}
