@@ -10,11 +10,14 @@ COMMAND = "vilbert"
 
 def add_parser(sub) -> None:
     vil = sub.add_parser(
-        COMMAND, help="ViLBERT's pretrained_model.bin (facebookresearch/vilbert-multi-task) -> a model directory",
-        description="IN: pretrained_model.bin of facebookresearch/vilbert-multi-task (a state dict of their "
-                    "BertForMultiModalPreTraining). OUT_DIR: a ViLBERT model directory (model.safetensors + "
-                    "config.json, heads.safetensors with the MLM, region and alignment heads) for pretrain.init_from "
-                    "or fine-tuning; conversion_report.json beside.")
+        COMMAND, help="ViLBERT's released checkpoints (facebookresearch/vilbert-multi-task) -> a model directory",
+        description="IN: a state dict of facebookresearch/vilbert-multi-task: pretrained_model.bin (their "
+                    "BertForMultiModalPreTraining), or a fine-tuned VILBertForVLTasks checkpoint "
+                    "(multi_task_model.bin with its task tokens, or a per-task fine-tuned file). OUT_DIR: a ViLBERT "
+                    "model directory (model.safetensors + config.json, heads.safetensors with the MLM, region and "
+                    "alignment heads; for a fine-tuned checkpoint also task_heads.safetensors with every task head: "
+                    "VQA, GQA, VCR / retrieval score, NLVR2, SNLI-VE, RefCOCO+ region score, word score) for "
+                    "pretrain.init_from or fine-tuning; conversion_report.json beside.")
     vil.add_argument("in_path", metavar="IN")
     vil.add_argument("out_dir", metavar="OUT_DIR")
     vil.add_argument("--bert-path", required=True,

@@ -1,0 +1,140 @@
+"""Every task head of ViLBERT's released fine-tuned models (facebookresearch/vilbert-multi-task VILBertForVLTasks:
+the multi-task `multi_task_model.bin` and its per-task fine-tuned files all hold all of them), in one module, so
+that a converted checkpoint keeps each of its heads (task_heads.safetensors beside the model).
+
+Where this pipeline has the task, the head is the shared task class's own head in the "vilbert_released" layout,
+so its weights load into that task's head unchanged:
+- `vqa` (their vil_prediction, VQA's 3,129 answers): tasks/modeling/vqa.py VQAHead on the pooled vector;
+- `pair_score` (their vil_logit, the VCR candidates' and retrieval pairs' score): tasks/modeling/retrieval.py
+  PairScoreHead, which is also VCR's VCRHead in this layout (Dropout -> Linear(bi, 1));
+- `region_score` (their vision_logit, RefCOCO+ / grounding, one score per region, padding at -10000):
+  tasks/modeling/refcoco.py RefCOCOHead.
+Where it has none, the head is here only (converted and loadable; no task trains or evaluates it yet):
+- `gqa` (vil_prediction_gqa, GQA's 1,533 answers): Dropout -> TwoLayerClassifier(bi, 2 bi, 1533);
+- `nlvr2` (vil_binary_prediction, NLVR2 / FOIL): rows 2k and 2k + 1 (a sentence with each of its two images)
+  -> their pooled vectors side by side -> Dropout -> TwoLayerClassifier(2 bi, 2 bi, 2);
+- `entailment` (vil_tri_prediction, SNLI-VE / GuessWhat): Dropout -> Linear(bi, 3);
+- `word_score` (linguisic_logit): Dropout -> Linear(hidden, 1) at every text element (their forward computes it;
+  no released task reads it).
+Each dropout is the authors' one dropout (0.1) on the pooled vector or states before the head.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vlbert_core.models.common.initialization import init_new_parameters
+from vlbert_core.models.common.output import HeadSpec
+
+from .common import VILBERT_RELEASED, TwoLayerClassifier
+from .refcoco import RefCOCOHead
+from .retrieval import PairScoreHead
+from .vqa import VQAHead
+
+TASK_HEADS_FILE = "task_heads.safetensors"
+VQA_ANSWERS, GQA_ANSWERS = 3129, 1533   # the answer vocabularies the authors' heads are built for
+ENTAILMENT_CLASSES = 3                  # SNLI-VE: entailment, neutral, contradiction
+HEAD_NAMES = ("vqa", "gqa", "pair_score", "nlvr2", "entailment", "region_score", "word_score")
+
+
+class PooledClassifier(nn.Module):
+    """Dropout -> TwoLayerClassifier on the pooled vector (GQA's answers)."""
+
+    def __init__(self, width: int, num_classes: int, dropout: float, layer_norm_eps: float):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.mlp = TwoLayerClassifier(width, 2 * width, num_classes, layer_norm_eps)
+
+    def forward(self, output, batch) -> torch.Tensor:
+        return self.mlp(self.dropout(output.pooled))
+
+
+class PairedRowsClassifier(nn.Module):
+    """NLVR2: [B, bi] pooled vectors, B even, rows 2k and 2k + 1 one example -> [B / 2, 2] logits."""
+
+    def __init__(self, width: int, dropout: float, layer_norm_eps: float):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.mlp = TwoLayerClassifier(2 * width, 2 * width, 2, layer_norm_eps)
+
+    def forward(self, output, batch) -> torch.Tensor:
+        pooled = self.dropout(output.pooled)
+        if pooled.shape[0] % 2:
+            raise ValueError(f"PairedRowsClassifier: {pooled.shape[0]} rows; NLVR2's rows come in pairs (a sentence "
+                             "with each of its two images)")
+        return self.mlp(pooled.reshape(-1, 2 * pooled.shape[1]))
+
+
+class LinearScore(nn.Module):
+    """Dropout -> Linear(width, out) on the pooled vector (`source` "pooled") or every text state ("text")."""
+
+    def __init__(self, width: int, out_width: int, dropout: float, source: str):
+        super().__init__()
+        if source not in ("pooled", "text"):
+            raise ValueError(f"LinearScore: source must be 'pooled' or 'text', got {source!r}")
+        self.source = source
+        self.dropout = nn.Dropout(dropout)
+        self.linear = nn.Linear(width, out_width)
+
+    def forward(self, output, batch) -> torch.Tensor:
+        vectors = output.pooled if self.source == "pooled" else output.text_states
+        return self.linear(self.dropout(vectors))
+
+
+class ViLBertReleasedHeads(nn.Module):
+    """The seven heads (HEAD_NAMES) on a model of `spec` (ViLBertModel.head_spec()); each forward(output, batch)
+    reads an EncoderOutput as the task heads do."""
+
+    def __init__(self, spec: HeadSpec):
+        super().__init__()
+        eps, dropout = spec.layer_norm_eps, spec.dropout
+        # the VQA head reads the pooled vector (readout "pooled"): its mask id is never read
+        self.vqa = VQAHead(spec.pooled_width, VQA_ANSWERS, mask_id=-1, dropout=dropout, layer_norm_eps=eps,
+                           layout=VILBERT_RELEASED, readout="pooled")
+        self.gqa = PooledClassifier(spec.pooled_width, GQA_ANSWERS, dropout, eps)
+        self.pair_score = PairScoreHead(spec.pooled_width, dropout)
+        self.nlvr2 = PairedRowsClassifier(spec.pooled_width, dropout, eps)
+        self.entailment = LinearScore(spec.pooled_width, ENTAILMENT_CLASSES, dropout, "pooled")
+        self.region_score = RefCOCOHead(spec.visual_width, dropout, layout=VILBERT_RELEASED)
+        self.word_score = LinearScore(spec.text_width, 1, dropout, "text")
+        init_new_parameters(self)
+
+    def forward(self, output, batch) -> dict[str, torch.Tensor]:
+        """Every head's output ({name: logits}); `nlvr2` only when the batch's rows pair up, as the authors'."""
+        out = {name: getattr(self, name)(output, batch) for name in HEAD_NAMES if name != "nlvr2"}
+        if output.pooled.shape[0] % 2 == 0:
+            out["nlvr2"] = self.nlvr2(output, batch)
+        return out
+
+
+def save_released_heads(heads: ViLBertReleasedHeads, directory: str | os.PathLike) -> Path:
+    from vlbert_core.utils import save_safetensors
+
+    path = Path(directory) / TASK_HEADS_FILE
+    save_safetensors(heads.state_dict(), path)
+    return path
+
+
+def load_released_heads(spec: HeadSpec, directory: str | os.PathLike) -> ViLBertReleasedHeads:
+    """The heads of directory/task_heads.safetensors (what `convert vilbert` writes of a VILBertForVLTasks
+    checkpoint), every key and shape checked."""
+    from vlbert_core.utils import load_safetensors
+
+    path = Path(directory) / TASK_HEADS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no released ViLBERT task heads (written by `python -m vlbert_core.convert "
+                                "vilbert` from a fine-tuned VILBertForVLTasks checkpoint)")
+    heads = ViLBertReleasedHeads(spec)
+    state = load_safetensors(path)
+    own = heads.state_dict()
+    missing, unknown = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    wrong = sorted(k for k in set(own) & set(state) if tuple(own[k].shape) != tuple(state[k].shape))
+    if missing or unknown or wrong:
+        raise ValueError(f"{path}: not the released heads of this model: missing {missing[:5]}, unknown "
+                         f"{unknown[:5]}, of other shapes {wrong[:5]}")
+    heads.load_state_dict(state, strict=True)
+    return heads
