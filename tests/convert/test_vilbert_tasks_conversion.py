@@ -12,8 +12,8 @@ import torch
 
 from vlbert_core.convert.accounting import ConversionError
 from vlbert_core.convert.vilbert.checkpoint import (RELEASED_CONFIG, TASK_EMBEDDINGS, TASK_HEAD_MODULES,
-                                                    VL_TASKS_LAYOUT, checkpoint_layout, convert_vilbert_state, released_key_shapes,
-                                                    stand_in_state)
+                                                    VL_TASKS_LAYOUT, checkpoint_layout, convert_vilbert_state,
+                                                    released_key_shapes, stand_in_state)
 from vlbert_core.convert.vilbert.reference import SMALL_CONFIG, write_detector_stand_in
 from vlbert_core.models import registry
 from vlbert_core.tasks.modeling.vilbert_released import TASK_HEADS_FILE, ViLBertReleasedHeads, load_released_heads
@@ -114,3 +114,13 @@ def test_convert_command_writes_the_task_heads_and_nothing_on_error(tmp_path):
     (tmp_path / "out" / TASK_HEADS_FILE).unlink()
     with pytest.raises(FileNotFoundError, match=TASK_HEADS_FILE):
         load_released_heads(model.head_spec(), tmp_path / "out")
+
+
+def test_convert_verify_takes_the_vilbert_layouts(capsys):
+    from vlbert_core.convert.verify import main as verify_main
+
+    with pytest.raises(SystemExit, match="the layout is the first argument"):
+        verify_main(["vilbert-tasks", "--authors-repo", "x", "--layout", "pretrained"])
+    with pytest.raises(SystemExit) as exit_info:
+        verify_main(["vilbert-tasks", "--help"])
+    assert exit_info.value.code == 0 and "--task-tokens" in capsys.readouterr().out
