@@ -124,3 +124,131 @@ def test_convert_verify_takes_the_vilbert_layouts(capsys):
     with pytest.raises(SystemExit) as exit_info:
         verify_main(["vilbert-tasks", "--help"])
     assert exit_info.value.code == 0 and "--task-tokens" in capsys.readouterr().out
+
+
+# ---- --task: a fine-tuned directory of one task, what vlbert_core.predict answers with ----------------------------
+
+# the small config with BERT's vocabulary, so that a real tokenizer indexes its word embeddings
+PREDICT_CONFIG = {**SMALL_CONFIG, "vocab_size": 30522, "max_position_embeddings": 40}
+SELECT = {"score_threshold": 0.0, "min_boxes": 3, "max_boxes": 5, "nms_iou": 0.7, "batch_size": 1, "num_workers": 0}
+
+
+@pytest.fixture(scope="module")
+def released_files(tmp_path_factory):
+    """A multi-task stand-in (task tokens, every head) of PREDICT_CONFIG, its config, a BERT directory (config and
+    vocabulary), a detector stand-in, 3,129 answers, an image, and the checkpoint converted whole."""
+    import shutil
+
+    from PIL import Image
+
+    from vlbert_core.convert.stand_in import uncased_vocab_path
+    from vlbert_core.convert.vilbert.checkpoint import convert_vilbert
+
+    root = tmp_path_factory.mktemp("released_vilbert")
+    source = stand_in_state({**PREDICT_CONFIG, "task_specific_tokens": True}, seed=1, layout=VL_TASKS_LAYOUT)
+    torch.save(source, root / "multi_task_model.bin")
+    (root / "config.json").write_text(json.dumps(PREDICT_CONFIG))
+    write_detector_stand_in(root / "detector.pt", 16, 7)
+    bert = root / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 30522}))
+    shutil.copyfile(uncased_vocab_path(), bert / "vocab.txt")
+    (root / "answers.txt").write_text("".join(f"answer_{i}\n" for i in range(3129)))
+    generator = torch.Generator().manual_seed(0)
+    pixels = (torch.rand(48, 64, 3, generator=generator) * 255).to(torch.uint8).numpy()
+    Image.fromarray(pixels).save(root / "image.jpg")
+    convert_vilbert(root / "multi_task_model.bin", root / "whole", detector=root / "detector.pt",
+                    bert_path=str(bert), config_path=root / "config.json")
+    return root, source
+
+
+def _convert_task(root, task: str, out: str, *extra: str) -> int:
+    from vlbert_core.convert.__main__ import main as convert_main
+
+    return convert_main(["vilbert", str(root / "multi_task_model.bin"), str(root / out), "--bert-path",
+                         str(root / "bert"), "--detector", str(root / "detector.pt"), "--config",
+                         str(root / "config.json"), "--task", task, *extra])
+
+
+@pytest.mark.parametrize("task, released", [("vqa", "vqa"), ("refcoco", "region_score"), ("retrieval", "pair_score")])
+def test_a_task_directory_holds_the_model_the_tasks_token_and_the_released_head(released_files, task, released):
+    from vlbert_core.models.vilbert.config import task_token_id
+    from vlbert_core.tasks.finetune import load_finetuned
+
+    root, source = released_files
+    extra = ("--answers", str(root / "answers.txt")) if task == "vqa" else ()
+    assert _convert_task(root, task, task, *extra) == 0
+    model, meta = load_finetuned(root / task)
+    whole = registry.from_pretrained(root / "whole")
+    assert meta["name"] == task and model.encoder.config.task_id == task_token_id(task)
+    encoder_state = model.encoder.state_dict()
+    assert all(torch.equal(encoder_state[k], v) for k, v in whole.state_dict().items())
+    released_state = getattr(load_released_heads(whole.head_spec(), root / "whole"), released).state_dict()
+    head_state = model.head.state_dict()
+    assert set(head_state) == set(released_state)
+    assert all(torch.equal(head_state[k], v) for k, v in released_state.items())
+    report = json.loads((root / task / "conversion_report.json").read_text())
+    assert report["num_mapped"] + report["num_dropped"] == len(source)
+    assert "another task" in report["dropped"]["vil_tri_prediction.weight"]
+    assert "another task" in report["dropped"]["cls.bi_seq_relationship.weight"]
+
+
+def test_predict_answers_with_a_converted_vqa_and_refcoco_model(released_files):
+    from vlbert_core.predict import Predictor
+
+    root, _ = released_files
+    for task in ("vqa", "refcoco"):
+        if not (root / task).exists():
+            extra = ("--answers", str(root / "answers.txt")) if task == "vqa" else ()
+            _convert_task(root, task, task, *extra)
+    image = str(root / "image.jpg")
+    vqa = Predictor(root / "vqa", task="vqa", detector=root / "detector.pt", select=SELECT)
+    answers = vqa.predict([{"image": image, "text": "what is it?"}], top_k=2)[0]["answers"]
+    assert len(answers) == 2 and all(a["answer"].startswith("answer_") for a in answers)
+    boxes = [[2.0, 2.0, 30.0, 20.0], [10.0, 5.0, 60.0, 40.0], [0.0, 20.0, 25.0, 47.0]]
+    refcoco = Predictor(root / "refcoco", task="refcoco", detector=root / "detector.pt", select=SELECT)
+    chosen = refcoco.predict([{"image": image, "text": "the left one", "boxes": boxes}])[0]
+    assert chosen["box"] in boxes and chosen["num_candidates"] == 3
+
+
+def test_task_conversion_errors_write_nothing(released_files, tmp_path):
+    from vlbert_core.convert.__main__ import main as convert_main
+
+    root, _ = released_files
+    with pytest.raises(ConversionError, match="3,129 answers"):
+        _convert_task(root, "vqa", "no_answers")
+    (tmp_path / "few.txt").write_text("yes\nno\n")
+    with pytest.raises(ConversionError, match="the file given lists 2"):
+        _convert_task(root, "vqa", "few_answers", "--answers", str(tmp_path / "few.txt"))
+    torch.save(stand_in_state(SMALL_CONFIG, seed=0), tmp_path / "pretrained_model.bin")
+    (tmp_path / "config.json").write_text(json.dumps(SMALL_CONFIG))
+    with pytest.raises(ConversionError, match="has no task heads"):
+        convert_main(["vilbert", str(tmp_path / "pretrained_model.bin"), str(tmp_path / "out"), "--bert-path", "",
+                      "--detector", str(root / "detector.pt"), "--config", str(tmp_path / "config.json"),
+                      "--task", "refcoco"])
+    assert not any((root / name).exists() for name in ("no_answers", "few_answers"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_fine_tuning_from_a_converted_multi_task_model_takes_the_tasks_token_and_head(released_files):
+    """tasks.finetune: load_encoder gives the model the task's token (the authors' id), and the RefCOCO+ and
+    retrieval heads start from the released ones; VQA's starts new (its rows are the authors' answers)."""
+    from vlbert_core.tasks.finetune import FinetuneModel, load_encoder, start_from_released_head
+
+    root, _ = released_files
+    whole = root / "whole"
+    released = load_released_heads(registry.from_pretrained(whole).head_spec(), whole)
+    meta = {"answers": ["yes", "no"], "mask_id": 103, "whole_image_candidate": False, "hard_negatives": 3}
+    for task, token, head in (("refcoco", 10, released.region_score), ("retrieval", 8, released.pair_score),
+                              ("vqa", 1, None)):
+        encoder = load_encoder(whole, tune_frcnn=False, task_heads=None, sentence_readout="cls", task=task)
+        assert encoder.config.task_id == token and encoder.config.task_heads == "vilbert_released"
+        model = FinetuneModel(task, encoder, meta)
+        assert start_from_released_head(model, whole) == (head is not None)
+        if head is not None:
+            assert all(torch.equal(model.head.state_dict()[k], v) for k, v in head.state_dict().items())
+    with pytest.raises(ValueError, match="no task token of the authors' multi-task ViLBERT for task 'custom'"):
+        load_encoder(whole, tune_frcnn=False, task_heads=None, sentence_readout="cls", task="custom")
+    # with this project's head layout (model.task_heads: project) the released heads do not fit: the head starts new
+    project = load_encoder(whole, tune_frcnn=False, task_heads="project", sentence_readout="cls", task="refcoco")
+    assert not start_from_released_head(FinetuneModel("refcoco", project, meta), whole)

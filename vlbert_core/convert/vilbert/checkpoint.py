@@ -47,7 +47,7 @@ import torch
 
 from vlbert_core.models.common.encoder import BERT_LAYER_TENSORS
 from vlbert_core.models.common.heads import save_pretraining_heads
-from vlbert_core.models.vilbert.config import TASK_TOKEN_COUNT, ViLBertConfig
+from vlbert_core.models.vilbert.config import TASK_TOKEN_COUNT, ViLBertConfig, task_token_id
 from vlbert_core.models.vilbert.heads import ViLBertPretrainingHeads
 from vlbert_core.models.vilbert.model import ViLBertModel
 
@@ -445,12 +445,57 @@ def convert_vilbert_state(source: Mapping[str, torch.Tensor], *, source_name: st
                             layout=layout, task_heads=task_heads_state)
 
 
+def vilbert_task_meta(task: str, *, source_name: str, bert_path: str, answers: list[str] | None,
+                      instance_mask_size: int) -> dict[str, Any]:
+    """The fine-tuned model's meta (tasks.finetune) of a released ViLBERT used for `task`: the authors' input sizes
+    of the task (released_heads.VILBERT_TASK_HEADS) and what the task's head and data read."""
+    from vlbert_core.models.common.bert_init import load_tokenizer
+    from vlbert_core.tasks.registry import get_task
+
+    from ..released_heads import VILBERT_TASK_HEADS, vocabulary_option
+
+    head = VILBERT_TASK_HEADS[task]
+    if not bert_path:
+        raise ConversionError(f"{source_name}: --task {task} needs --bert-path (its tokenizer tokenises the queries)")
+    meta: dict[str, Any] = {"name": task, "setting": "released", "schedule": "released", "schedule_factor": 1.0,
+                            "seed": 0, "pretrained": source_name, "tune_frcnn": False, "sentence_readout": "pooled",
+                            "max_rois": head.max_rois, "image_max_side": 1000, "image_min_side": 600,
+                            "instance_mask_size": int(instance_mask_size), "max_text_len": head.max_text_len,
+                            "batch_size": 64, "mask_id": int(load_tokenizer(bert_path).mask_token_id)}
+    for key, what in head.vocabularies:
+        if not answers:
+            raise ConversionError(f"{source_name}: --task {task} needs {what} ({vocabulary_option(key)}, one a line)")
+        if len(answers) != RELEASED_ANSWERS["vil_prediction"]:
+            raise ConversionError(f"{source_name}: --task {task} needs {what}; the file given lists {len(answers)}")
+        meta[key] = list(answers)
+    if task != "vqa":   # the task's own meta defaults (VQA's prepare reads its training data for the answers)
+        get_task(task).prepare(meta, {}, {})
+    return meta
+
+
+def keep_one_task_head(report: ConversionReport, task: str, released_head: str) -> None:
+    """A fine-tuned directory of one task keeps that task's head (as `head.*`) and the model: every other head's
+    key becomes a dropped one, with the reason."""
+    kept = f"{TASK_HEADS_PREFIX}{released_head}."
+    for key, target in list(report.mapped.items()):
+        if target.startswith(kept):
+            report.mapped[key] = "head." + target[len(kept):]
+        elif target.startswith((HEADS_PREFIX, TASK_HEADS_PREFIX)):
+            del report.mapped[key]
+            report.dropped[key] = (f"a head of another task than {task}: a fine-tuned {task} directory keeps its own "
+                                   "(convert without --task to keep every head)")
+
+
 def convert_vilbert(in_path: str | os.PathLike, out_dir: str | os.PathLike, *, detector: str | os.PathLike | None,
-                    bert_path: str = "", config_path: str | os.PathLike | None = None) -> ConvertedViLBert:
+                    bert_path: str = "", config_path: str | os.PathLike | None = None, task: str | None = None,
+                    answers_path: str | os.PathLike | None = None) -> ConvertedViLBert:
     """Convert `in_path` (pretrained_model.bin, multi_task_model.bin or a per-task fine-tuned file) into the model
     directory `out_dir` (written whole, then renamed): model.safetensors + config.json, heads.safetensors (mlm,
     region, alignment), task_heads.safetensors (a VILBertForVLTasks checkpoint's task heads) and
-    conversion_report.json. On any error nothing is written."""
+    conversion_report.json. With `task` (a fine-tuned checkpoint only; released_heads.VILBERT_TASK_HEADS) it is a
+    fine-tuned model directory of that task instead (tasks.finetune save_finetuned: what vlbert_core.predict
+    answers with), its head the released one the task reads, the model's task token the task's;
+    `answers_path`: VQA's answers, one a line. On any error nothing is written."""
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise FileExistsError(f"{out_dir} exists and is not empty; remove it or choose another directory")
@@ -461,6 +506,18 @@ def convert_vilbert(in_path: str | os.PathLike, out_dir: str | os.PathLike, *, d
     backbone, detector_state = detector_visual(detector, authors, source_name)
     converted = convert_vilbert_state(source, source_name=source_name, visual_backbone=backbone,
                                       authors_config=given, bert_path=bert_path, visual_name=str(detector))
+    if task is not None:
+        from ..released_heads import VILBERT_TASK_HEADS
+
+        if task not in VILBERT_TASK_HEADS:
+            raise ConversionError(f"--task {task!r}: a released ViLBERT converts to a fine-tuned directory of "
+                                  f"{list(VILBERT_TASK_HEADS)}")
+        if converted.layout != VL_TASKS_LAYOUT:
+            raise ConversionError(f"{source_name}: a {CHECKPOINT_LAYOUTS[converted.layout][0]} checkpoint has no task "
+                                  "heads; --task takes a fine-tuned one (VILBertForVLTasks)")
+        if converted.config.task_specific_tokens:
+            converted.config.task_id = task_token_id(task)
+        keep_one_task_head(converted.report, task, VILBERT_TASK_HEADS[task].released_head)
     tmp = out_dir.with_name(f".tmp-{os.getpid()}-{out_dir.name}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -470,16 +527,31 @@ def convert_vilbert(in_path: str | os.PathLike, out_dir: str | os.PathLike, *, d
             raise ConversionError(f"{source_name}: converted tensors do not fit the model: missing {missing[:8]}, "
                                   f"unexpected {unexpected[:8]}")
         model.visual_network.load_detector_weights(detector_state)
-        model.save_pretrained(tmp)
-        heads = ViLBertPretrainingHeads(converted.config, model.word_embeddings())
-        heads.load_state_dict(converted.heads, strict=True)
-        save_pretraining_heads(heads, tmp)
+        task_heads = None
         if converted.layout == VL_TASKS_LAYOUT:
             from vlbert_core.tasks.modeling.vilbert_released import ViLBertReleasedHeads, save_released_heads
 
             task_heads = ViLBertReleasedHeads(model.head_spec())
             task_heads.load_state_dict(converted.task_heads, strict=True)
-            save_released_heads(task_heads, tmp)
+        if task is None:
+            model.save_pretrained(tmp)
+            heads = ViLBertPretrainingHeads(converted.config, model.word_embeddings())
+            heads.load_state_dict(converted.heads, strict=True)
+            save_pretraining_heads(heads, tmp)
+            if task_heads is not None:
+                save_released_heads(task_heads, tmp)
+        else:
+            from vlbert_core.convert.released_heads import VILBERT_TASK_HEADS
+            from vlbert_core.tasks.finetune import FinetuneModel, save_finetuned
+
+            meta = vilbert_task_meta(task, source_name=source_name, bert_path=bert_path,
+                                     answers=_read_lines(answers_path),
+                                     instance_mask_size=model.visual_network.stage5_size())
+            finetuned = FinetuneModel(task, model, meta)
+            released = getattr(task_heads, VILBERT_TASK_HEADS[task].released_head)
+            finetuned.head.load_state_dict(released.state_dict(), strict=True)
+            tmp.mkdir(parents=True)
+            save_finetuned(finetuned, meta, tmp)
         converted.report.write(tmp / REPORT_FILE)
         if out_dir.exists():
             out_dir.rmdir()
@@ -487,6 +559,16 @@ def convert_vilbert(in_path: str | os.PathLike, out_dir: str | os.PathLike, *, d
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return converted
+
+
+def _read_lines(path: str | os.PathLike | None) -> list[str] | None:
+    if path is None:
+        return None
+    try:
+        lines = [line.strip() for line in Path(path).read_text().splitlines()]
+    except OSError as exc:
+        raise ConversionError(f"{path}: not readable: {exc}") from exc
+    return [line for line in lines if line]
 
 
 # ---- stand-ins ---------------------------------------------------------------------------------------------------

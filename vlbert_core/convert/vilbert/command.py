@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..released_heads import VILBERT_TASK_HEADS
+
 COMMAND = "vilbert"
 
 
@@ -27,6 +29,13 @@ def add_parser(sub) -> None:
                      help="a detector checkpoint of this project (e.g. bottom-up attention's, from `bottom-up`): the "
                           "visual network, which the released file lacks (its region features were precomputed); "
                           "its RoI features must be v_feature_size wide and its classes + background v_target_size")
+    vil.add_argument("--task", default=None, choices=list(VILBERT_TASK_HEADS),
+                     help="a fine-tuned checkpoint only: write a fine-tuned model directory of this task instead (what "
+                          "vlbert_core.predict answers with), its head the released one the task reads (vqa: "
+                          "vil_prediction, refcoco: vision_logit, retrieval: vil_logit) and, with task tokens, the "
+                          "task's token")
+    vil.add_argument("--answers", default=None,
+                     help=f"--task vqa: {dict(VILBERT_TASK_HEADS['vqa'].vocabularies)['answers']}, one a line")
     vil.add_argument("--config", default=None,
                      help="the authors' config of the checkpoint (default: config/bert_base_6layer_6conect.json's "
                           "values; sizes are read off the tensors, heads and co-attention placement from here)")
@@ -37,7 +46,7 @@ def run(args: argparse.Namespace) -> None:
     from .checkpoint import convert_vilbert
 
     converted = convert_vilbert(args.in_path, args.out_dir, detector=args.detector, bert_path=args.bert_path,
-                                config_path=args.config)
+                                config_path=args.config, task=args.task, answers_path=args.answers)
     report = converted.report
     print(f"{args.in_path} -> {args.out_dir}: {len(report.mapped)} tensors mapped, {len(report.dropped)} dropped, "
           f"{len(report.filled)} filled ({args.out_dir}/{REPORT_FILE})")

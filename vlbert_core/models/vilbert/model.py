@@ -29,7 +29,7 @@ from ..common.inputs import TEXT
 from ..common.output import EncoderOutput, HeadSpec
 from ..common.pretrained import PretrainedModel
 from ..common.visual import FastRCNNVisualNetwork, features_per_shared_image
-from .config import ViLBertConfig
+from .config import ViLBertConfig, task_token_id
 from .embeddings import TASK_TOKEN_POSITION, ImageEmbeddings, TextEmbeddings, region_locations
 from .encoder import ViLBertEncoder
 
@@ -139,6 +139,10 @@ class ViLBertModel(PretrainedModel, nn.Module):
         self.visual_pooler = Pooler(config.v_hidden_size, config.bi_hidden_size)
         for module in (self.embeddings, self.image_embeddings, self.encoder, self.text_pooler, self.visual_pooler):
             init_new_parameters(module)
+
+    def task_config(self, task: str) -> dict:
+        """With task tokens, the task token of `task` (the authors' id of its task, config.task_token_id)."""
+        return {"task_id": task_token_id(task)} if self.config.task_specific_tokens else {}
 
     def word_embeddings(self) -> nn.Embedding:
         return self.embeddings.word_embeddings

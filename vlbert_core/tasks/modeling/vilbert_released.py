@@ -138,3 +138,17 @@ def load_released_heads(spec: HeadSpec, directory: str | os.PathLike) -> ViLBert
                          f"{unknown[:5]}, of other shapes {wrong[:5]}")
     heads.load_state_dict(state, strict=True)
     return heads
+
+
+def released_task_head(task: str, directory: str | os.PathLike, spec: HeadSpec) -> nn.Module | None:
+    """The released head `task` reads (convert/released_heads.py VILBERT_TASK_HEADS) from directory's
+    task_heads.safetensors, or None: no such file, no released head of the task, or heads of another layout than
+    the released one (`spec.layout`). The VQA head is not taken: its rows are the authors' answers, in their
+    order, which a fine-tuning run's answer vocabulary is not."""
+    from vlbert_core.convert.released_heads import VILBERT_TASK_HEADS
+
+    if not (Path(directory) / TASK_HEADS_FILE).is_file() or task not in VILBERT_TASK_HEADS or task == "vqa":
+        return None
+    if spec.layout != VILBERT_RELEASED:
+        return None
+    return getattr(load_released_heads(spec, directory), VILBERT_TASK_HEADS[task].released_head)
