@@ -9,7 +9,7 @@ poolers, and the MLM / region / alignment logits.
 
 tests/data/golden/vilbert_tasks*.* do the same for the fine-tuned layout (the authors' VILBertForVLTasks, the
 multi-task model and its per-task files), without task tokens and with them (as multi_task_model.bin): every
-stage, and every task head of theirs against ours.
+stage (every text and visual layer too), and every task head of theirs against ours.
 """
 
 from __future__ import annotations
@@ -100,7 +100,9 @@ def fine_tuned(request, tmp_path_factory):
 def test_a_converted_fine_tuned_model_gives_the_authors_outputs_at_every_stage_and_head(fine_tuned):
     record, inputs, theirs, model_dir = fine_tuned
     assert record["tolerance"] == TOLERANCE and max(record["largest_differences"].values()) <= TOLERANCE
-    assert set(TASK_HEAD_STAGES) | {"text_states", "coattention_1_text", "pooled_visual"} <= set(theirs)
+    every_layer = ({f"text_layer_{i}" for i in range(record["config"]["num_hidden_layers"])}
+                   | {f"visual_layer_{i}" for i in range(record["config"]["v_num_hidden_layers"])})
+    assert set(TASK_HEAD_STAGES) | every_layer | {"text_states", "coattention_1_text", "pooled_visual"} <= set(theirs)
     model, heads, task_heads = load_converted(model_dir, with_task_heads=True)
     assert model.config.task_specific_tokens == record["task_tokens"]
     assert model.config.task_heads == "vilbert_released"

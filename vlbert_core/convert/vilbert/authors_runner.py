@@ -23,7 +23,7 @@ text stages are T + 1 long and kept where the authors' extended mask (a 1 prepen
 shifted past the task token likewise.
 
 --model vl-tasks builds their VILBertForVLTasks (the fine-tuned models) instead of BertForMultiModalPreTraining;
-its outputs add every task head's: vil_prediction, vil_prediction_gqa, vil_logit, vil_tri_prediction (per row),
+its outputs add every text and visual layer's (text_layer_<i>, visual_layer_<i>) and every task head's: vil_prediction, vil_prediction_gqa, vil_logit, vil_tri_prediction (per row),
 vil_binary_prediction (per pair of rows), vision_logit (at every real region), linguisic_logit (at every real
 text element); the pre-training heads (their `cls`, which VILBertForVLTasks keeps) are read off that module.
 """
@@ -73,11 +73,16 @@ def build_model(config_path: str, model_kind: str = "pretraining", task_tokens: 
 
 
 class Recorder:
-    """The outputs of the text and image embeddings, of every co-attention layer and of the two poolers."""
+    """The outputs of the text and image embeddings, of every co-attention layer and of the two poolers; with
+    `every_layer`, of every text and visual layer too (text_layer_<i>, visual_layer_<i>)."""
 
-    def __init__(self, model):
+    def __init__(self, model, every_layer: bool = False):
         self.outputs = {}
         bert = model.bert
+        if every_layer:
+            for kind, layers in (("text", bert.encoder.layer), ("visual", bert.encoder.v_layer)):
+                for i, layer in enumerate(layers):   # each returns (states, attention probabilities)
+                    layer.register_forward_hook(self._keep_first(f"{kind}_layer_{i}"))
         bert.embeddings.register_forward_hook(self._keep("text_embeddings"))
         bert.v_embeddings.register_forward_hook(self._keep("visual_embeddings"))
         bert.t_pooler.register_forward_hook(self._keep("pooled_text"))
@@ -89,6 +94,11 @@ class Recorder:
     def _keep(self, name):
         def hook(module, args, output):
             self.outputs[name] = output.detach()
+        return hook
+
+    def _keep_first(self, name):
+        def hook(module, args, output):
+            self.outputs[name] = output[0].detach()
         return hook
 
     def _keep_coattention(self, k):
@@ -111,7 +121,8 @@ def run(model, inputs: dict, model_kind: str = "pretraining", task_tokens: bool 
         value = torch.from_numpy(np.ascontiguousarray(inputs[name]))
         return value if dtype is None else value.to(dtype)
 
-    recorder = Recorder(model)
+    # the fine-tuned layout's check reads every layer (the pre-trained one's golden files predate that)
+    recorder = Recorder(model, every_layer=model_kind == "vl-tasks")
     text_mask, region_mask = t("text_mask").bool(), t("region_mask").bool()
     mlm_positions = t("mlm_positions").bool()
     if task_tokens:
@@ -140,7 +151,7 @@ def run(model, inputs: dict, model_kind: str = "pretraining", task_tokens: bool 
     for name, value in recorder.outputs.items():
         if name.startswith("pooled"):
             out[name] = value.numpy()
-        elif name.endswith("_visual") or name.startswith("visual"):
+        elif name.endswith("_visual") or name.startswith("visual"):   # visual_layer_<i> too
             out[name] = value[region_mask].numpy()
         else:
             out[name] = value[text_mask].numpy()

@@ -141,6 +141,12 @@ def our_stages(model, heads, inputs: Mapping[str, np.ndarray], task_heads=None) 
         def keep(module, args, output, k=k):
             recorded[f"coattention_{k}_visual"], recorded[f"coattention_{k}_text"] = output
         handles.append(layer.register_forward_hook(keep))
+    if task_heads is not None:   # the fine-tuned layout's check reads every layer, as the runner's does
+        for kind, layers in (("text", model.encoder.text_layers), ("visual", model.encoder.visual_layers)):
+            for i, layer in enumerate(layers):
+                def keep_layer(module, args, output, name=f"{kind}_layer_{i}"):
+                    recorded[name] = output
+                handles.append(layer.register_forward_hook(keep_layer))
     model.eval()
     heads.eval()
     try:
@@ -150,7 +156,8 @@ def our_stages(model, heads, inputs: Mapping[str, np.ndarray], task_heads=None) 
             out = {"text_embeddings": streams.text_embeddings[text_read],
                    "visual_embeddings": streams.visual_embeddings[region_mask]}
             for name, value in recorded.items():
-                out[name] = value[region_mask] if name.endswith("_visual") else value[text_read]
+                is_visual = name.endswith("_visual") or name.startswith("visual_")
+                out[name] = value[region_mask] if is_visual else value[text_read]
             out.update(text_states=streams.text_states[text_read], visual_states=streams.visual_states[region_mask],
                        pooled_text=streams.pooled_text, pooled_visual=streams.pooled_visual,
                        mlm_logits=heads.mlm(streams.text_states[mlm_positions]),
