@@ -50,10 +50,13 @@ from vlbert_core.models.common.heads import save_pretraining_heads
 from vlbert_core.models.vilbert.config import TASK_TOKEN_COUNT, ViLBertConfig, task_token_id
 from vlbert_core.models.vilbert.heads import ViLBertPretrainingHeads
 from vlbert_core.models.vilbert.model import ViLBertModel
+from vlbert_core.tasks.modeling.vilbert_released import (ENTAILMENT_CLASSES, GQA_ANSWERS, VQA_ANSWERS,
+                                                        ViLBertReleasedHeads, save_released_heads)
 
 from ..accounting import (REPORT_FILE, ConversionError, ConversionReport, Drop, Rule, check_aliases, convert_state_dict,
                           strip_module_prefix)
 from ..manifest import read_published
+from ..released_heads import VILBERT_TASK_HEADS, vocabulary_option
 
 PUBLISHED_FILE = "pretrained_model.bin"
 # config/bert_base_6layer_6conect.json of facebookresearch/vilbert-multi-task, the config of pretrained_model.bin
@@ -115,7 +118,7 @@ TASK_HEAD_MODULES = (
     ("linguisic_logit", "word_score.linear", (("", ""),)),
 )
 # the authors' answer vocabularies of the released heads (vilbert.py builds them at these sizes)
-RELEASED_ANSWERS = {"vil_prediction": 3129, "vil_prediction_gqa": 1533}
+RELEASED_ANSWERS = {"vil_prediction": VQA_ANSWERS, "vil_prediction_gqa": GQA_ANSWERS}
 
 
 def checkpoint_layout(source: Mapping[str, torch.Tensor]) -> str:
@@ -123,6 +126,8 @@ def checkpoint_layout(source: Mapping[str, torch.Tensor]) -> str:
     present alone makes the others missing, each named)."""
     heads = tuple(f"{module}." for module, _, _ in TASK_HEAD_MODULES)
     return VL_TASKS_LAYOUT if any(key.startswith(heads) for key in source) else PRETRAINED_LAYOUT
+
+
 _BERT = re.escape("bert.")
 
 
@@ -226,7 +231,7 @@ def released_key_shapes(config: Mapping[str, Any], layout: str = PRETRAINED_LAYO
             norm(f"{name}.logit_fc.2", 2 * bi)
             linear(f"{name}.logit_fc.3", 2 * bi, out)
         linear("vil_logit", bi, 1)
-        linear("vil_tri_prediction", bi, 3)
+        linear("vil_tri_prediction", bi, ENTAILMENT_CLASSES)
         linear("vision_logit", v, 1)
         linear("linguisic_logit", h, 1)
     return shapes
@@ -411,8 +416,6 @@ def convert_vilbert_state(source: Mapping[str, torch.Tensor], *, source_name: st
         raise ConversionError(f"{source_name}: no 'bert.embeddings.word_embeddings.weight' and "
                               f"'bert.v_embeddings.image_embeddings.weight': not a ViLBERT checkpoint (first keys: "
                               f"{sorted(source)[:5]})")
-    from vlbert_core.tasks.modeling.vilbert_released import ViLBertReleasedHeads
-
     layout = checkpoint_layout(source)
     authors = authors_config_of(source, authors_config, source_name)
     config = vilbert_config(authors, visual_backbone=visual_backbone, bert_path=bert_path, where=source_name,
@@ -451,8 +454,6 @@ def vilbert_task_meta(task: str, *, source_name: str, bert_path: str, answers: l
     of the task (released_heads.VILBERT_TASK_HEADS) and what the task's head and data read."""
     from vlbert_core.models.common.bert_init import load_tokenizer
     from vlbert_core.tasks.registry import get_task
-
-    from ..released_heads import VILBERT_TASK_HEADS, vocabulary_option
 
     head = VILBERT_TASK_HEADS[task]
     if not bert_path:
@@ -507,8 +508,6 @@ def convert_vilbert(in_path: str | os.PathLike, out_dir: str | os.PathLike, *, d
     converted = convert_vilbert_state(source, source_name=source_name, visual_backbone=backbone,
                                       authors_config=given, bert_path=bert_path, visual_name=str(detector))
     if task is not None:
-        from ..released_heads import VILBERT_TASK_HEADS
-
         if task not in VILBERT_TASK_HEADS:
             raise ConversionError(f"--task {task!r}: a released ViLBERT converts to a fine-tuned directory of "
                                   f"{list(VILBERT_TASK_HEADS)}")
@@ -529,8 +528,6 @@ def convert_vilbert(in_path: str | os.PathLike, out_dir: str | os.PathLike, *, d
         model.visual_network.load_detector_weights(detector_state)
         task_heads = None
         if converted.layout == VL_TASKS_LAYOUT:
-            from vlbert_core.tasks.modeling.vilbert_released import ViLBertReleasedHeads, save_released_heads
-
             task_heads = ViLBertReleasedHeads(model.head_spec())
             task_heads.load_state_dict(converted.task_heads, strict=True)
         if task is None:
@@ -541,7 +538,6 @@ def convert_vilbert(in_path: str | os.PathLike, out_dir: str | os.PathLike, *, d
             if task_heads is not None:
                 save_released_heads(task_heads, tmp)
         else:
-            from vlbert_core.convert.released_heads import VILBERT_TASK_HEADS
             from vlbert_core.tasks.finetune import FinetuneModel, save_finetuned
 
             meta = vilbert_task_meta(task, source_name=source_name, bert_path=bert_path,

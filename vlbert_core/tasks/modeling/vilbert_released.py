@@ -29,6 +29,7 @@ from torch import nn
 
 from vlbert_core.models.common.initialization import init_new_parameters
 from vlbert_core.models.common.output import HeadSpec
+from vlbert_core.utils import load_safetensors, save_safetensors
 
 from .common import VILBERT_RELEASED, TwoLayerClassifier
 from .refcoco import RefCOCOHead
@@ -112,8 +113,6 @@ class ViLBertReleasedHeads(nn.Module):
 
 
 def save_released_heads(heads: ViLBertReleasedHeads, directory: str | os.PathLike) -> Path:
-    from vlbert_core.utils import save_safetensors
-
     path = Path(directory) / TASK_HEADS_FILE
     save_safetensors(heads.state_dict(), path)
     return path
@@ -122,8 +121,6 @@ def save_released_heads(heads: ViLBertReleasedHeads, directory: str | os.PathLik
 def load_released_heads(spec: HeadSpec, directory: str | os.PathLike) -> ViLBertReleasedHeads:
     """The heads of directory/task_heads.safetensors (what `convert vilbert` writes of a VILBertForVLTasks
     checkpoint), every key and shape checked."""
-    from vlbert_core.utils import load_safetensors
-
     path = Path(directory) / TASK_HEADS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no released ViLBERT task heads (written by `python -m vlbert_core.convert "
