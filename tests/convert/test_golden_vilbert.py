@@ -166,3 +166,14 @@ def test_the_shared_task_classes_heads_load_the_released_ones_and_give_their_sco
             scores = scores[:, None]
         gap = float((scores.double() - torch.from_numpy(theirs[their_stage]).double()).abs().max())
         assert gap <= TOLERANCE, (task_name, gap)
+
+
+def test_a_perturbed_task_head_breaks_that_head_only(fine_tuned):
+    """Each head is compared on its own: a change to the region scorer (vision_logit) moves that stage alone."""
+    _, inputs, theirs, model_dir = fine_tuned
+    model, heads, task_heads = load_converted(model_dir, with_task_heads=True)
+    with torch.no_grad():
+        task_heads.region_score.mlp.linear.weight.add_(1e-2)
+    gaps = differences(our_stages(model, heads, inputs, task_heads), theirs)
+    assert gaps["vision_logit"] > TOLERANCE
+    assert {stage: gap for stage, gap in gaps.items() if gap > TOLERANCE and stage != "vision_logit"} == {}
