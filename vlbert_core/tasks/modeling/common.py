@@ -42,6 +42,8 @@ def answer_vector(output, batch, readout: str, mask_id: int) -> torch.Tensor:
 
 HEAD_LAYOUTS = TASK_HEAD_LAYOUTS
 VILBERT_RELEASED = "vilbert_released"
+VILBERT_BETA_RELEASED = "vilbert_beta_released"
+VILBERT_LAYOUTS = (VILBERT_RELEASED, VILBERT_BETA_RELEASED)   # ViLBERT's released heads, either release
 
 
 def check_layout(layout: str) -> None:

@@ -17,6 +17,11 @@ Where it has none, the head is here only (converted and loadable; no task trains
 - `word_score` (linguisic_logit): Dropout -> Linear(hidden, 1) at every text element (their forward computes it;
   no released task reads it).
 Each dropout is the authors' one dropout (0.1) on the pooled vector or states before the head.
+
+The ViLBERT paper's single-task fine-tuned models (jiasenlu/vilbert_beta, layout "vilbert_beta_released") have four
+of these heads (BETA_HEAD_NAMES): vil_logit, vision_logit and linguisic_logit as above, and a vil_prediction of
+its own (VQAHead's "vilbert_beta_released" layout: Linear, ReLU, Dropout(0.5), Linear, as many rows as the task's
+labels).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from vlbert_core.models.common.initialization import init_new_parameters
 from vlbert_core.models.common.output import HeadSpec
 from vlbert_core.utils import load_safetensors, save_safetensors
 
-from .common import VILBERT_RELEASED, TwoLayerClassifier
+from .common import VILBERT_BETA_RELEASED, VILBERT_LAYOUTS, VILBERT_RELEASED, TwoLayerClassifier
 from .refcoco import RefCOCOHead
 from .retrieval import PairScoreHead
 from .vqa import VQAHead
@@ -40,6 +45,12 @@ TASK_HEADS_FILE = "task_heads.safetensors"
 VQA_ANSWERS, GQA_ANSWERS = 3129, 1533   # the answer vocabularies the authors' heads are built for
 ENTAILMENT_CLASSES = 3                  # SNLI-VE: entailment, neutral, contradiction
 HEAD_NAMES = ("vqa", "gqa", "pair_score", "nlvr2", "entailment", "region_score", "word_score")
+BETA_HEAD_NAMES = ("vqa", "pair_score", "region_score", "word_score")
+# the heads of each release's VILBertForVLTasks (the head layout says which release), and the key of its VQA
+# head's output rows (the answers, read off a saved file)
+RELEASE_HEADS = {VILBERT_RELEASED: HEAD_NAMES, VILBERT_BETA_RELEASED: BETA_HEAD_NAMES}
+VQA_OUTPUT_KEY = {VILBERT_RELEASED: "vqa.classifier.mlp.linear.weight",
+                  VILBERT_BETA_RELEASED: "vqa.classifier.linear.weight"}
 
 
 class PooledClassifier(nn.Module):
@@ -87,27 +98,33 @@ class LinearScore(nn.Module):
 
 
 class ViLBertReleasedHeads(nn.Module):
-    """The seven heads (HEAD_NAMES) on a model of `spec` (ViLBertModel.head_spec()); each forward(output, batch)
-    reads an EncoderOutput as the task heads do."""
+    """The heads of a release (RELEASE_HEADS of `spec.layout`: the seven of vilbert-multi-task, the four of
+    vilbert_beta) on a model of `spec` (ViLBertModel.head_spec()); each forward(output, batch) reads an
+    EncoderOutput as the task heads do. `vqa_answers`: the VQA head's rows (vilbert_beta's are its task's labels)."""
 
-    def __init__(self, spec: HeadSpec):
+    def __init__(self, spec: HeadSpec, vqa_answers: int = VQA_ANSWERS):
         super().__init__()
+        if spec.layout not in RELEASE_HEADS:
+            raise ValueError(f"ViLBertReleasedHeads: head layout {spec.layout!r} is not a ViLBERT release's "
+                             f"({list(RELEASE_HEADS)})")
+        self.head_names = RELEASE_HEADS[spec.layout]
         eps, dropout = spec.layer_norm_eps, spec.dropout
         # the VQA head reads the pooled vector (readout "pooled"): its mask id is never read
-        self.vqa = VQAHead(spec.pooled_width, VQA_ANSWERS, mask_id=-1, dropout=dropout, layer_norm_eps=eps,
-                           layout=VILBERT_RELEASED, readout="pooled")
-        self.gqa = PooledClassifier(spec.pooled_width, GQA_ANSWERS, dropout, eps)
+        self.vqa = VQAHead(spec.pooled_width, vqa_answers, mask_id=-1, dropout=dropout, layer_norm_eps=eps,
+                           layout=spec.layout, readout="pooled")
         self.pair_score = PairScoreHead(spec.pooled_width, dropout)
-        self.nlvr2 = PairedRowsClassifier(spec.pooled_width, dropout, eps)
-        self.entailment = LinearScore(spec.pooled_width, ENTAILMENT_CLASSES, dropout, "pooled")
-        self.region_score = RefCOCOHead(spec.visual_width, dropout, layout=VILBERT_RELEASED)
+        self.region_score = RefCOCOHead(spec.visual_width, dropout, layout=spec.layout)
         self.word_score = LinearScore(spec.text_width, 1, dropout, "text")
+        if "gqa" in self.head_names:
+            self.gqa = PooledClassifier(spec.pooled_width, GQA_ANSWERS, dropout, eps)
+            self.nlvr2 = PairedRowsClassifier(spec.pooled_width, dropout, eps)
+            self.entailment = LinearScore(spec.pooled_width, ENTAILMENT_CLASSES, dropout, "pooled")
         init_new_parameters(self)
 
     def forward(self, output, batch) -> dict[str, torch.Tensor]:
         """Every head's output ({name: logits}); `nlvr2` only when the batch's rows pair up, as the authors'."""
-        out = {name: getattr(self, name)(output, batch) for name in HEAD_NAMES if name != "nlvr2"}
-        if output.pooled.shape[0] % 2 == 0:
+        out = {name: getattr(self, name)(output, batch) for name in self.head_names if name != "nlvr2"}
+        if "nlvr2" in self.head_names and output.pooled.shape[0] % 2 == 0:
             out["nlvr2"] = self.nlvr2(output, batch)
         return out
 
@@ -125,8 +142,11 @@ def load_released_heads(spec: HeadSpec, directory: str | os.PathLike) -> ViLBert
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no released ViLBERT task heads (written by `python -m vlbert_core.convert "
                                 "vilbert` from a fine-tuned VILBertForVLTasks checkpoint)")
-    heads = ViLBertReleasedHeads(spec)
     state = load_safetensors(path)
+    if spec.layout not in RELEASE_HEADS or VQA_OUTPUT_KEY[spec.layout] not in state:
+        raise ValueError(f"{path}: not the released heads of a model whose head layout is {spec.layout!r} (no "
+                         f"{VQA_OUTPUT_KEY.get(spec.layout, 'VQA head')!r})")
+    heads = ViLBertReleasedHeads(spec, vqa_answers=state[VQA_OUTPUT_KEY[spec.layout]].shape[0])
     own = heads.state_dict()
     missing, unknown = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     wrong = sorted(k for k in set(own) & set(state) if tuple(own[k].shape) != tuple(state[k].shape))
@@ -146,6 +166,6 @@ def released_task_head(task: str, directory: str | os.PathLike, spec: HeadSpec) 
 
     if not (Path(directory) / TASK_HEADS_FILE).is_file() or task not in VILBERT_TASK_HEADS or task == "vqa":
         return None
-    if spec.layout != VILBERT_RELEASED:
+    if spec.layout not in VILBERT_LAYOUTS:
         return None
     return getattr(load_released_heads(spec, directory), VILBERT_TASK_HEADS[task].released_head)
