@@ -8,7 +8,8 @@ every stage must give the authors' numbers within 1e-4: embeddings, each co-atte
 poolers, and the MLM / region / alignment logits.
 
 tests/data/golden/vilbert_tasks*.* do the same for the fine-tuned layout (the authors' VILBertForVLTasks, the
-multi-task model and its per-task files), without task tokens and with them (as multi_task_model.bin): every
+multi-task model and its per-task files), without task tokens and with them (as multi_task_model.bin), and for
+the ViLBERT paper's single-task release (jiasenlu/vilbert_beta's VILBertForVLTasks, vilbert_tasks_beta.*): every
 stage (every text and visual layer too), and every task head of theirs against ours.
 """
 
@@ -22,7 +23,7 @@ import pytest
 import torch
 
 from vlbert_core.convert.stages import load_arrays
-from vlbert_core.convert.vilbert.checkpoint import VL_TASKS_LAYOUT
+from vlbert_core.convert.vilbert.checkpoint import BETA_LAYOUT, HEAD_LAYOUT_OF, VL_TASKS_LAYOUT
 from vlbert_core.convert.vilbert.reference import (INPUTS_FILE, OUTPUTS_FILE, RECORD_FILE, TOLERANCE, convert_stand_in,
                                                    golden_files, load_converted, our_stages)
 
@@ -79,21 +80,25 @@ def test_a_perturbed_weight_breaks_the_stages_after_it_and_only_those(golden, co
 
 # ---- the fine-tuned layout (VILBertForVLTasks), without and with task tokens -----------------------------------
 
-# the authors' task heads, compared at every stage of theirs: vilbert_tasks*.authors.npz
-TASK_HEAD_STAGES = ("vil_prediction", "vil_prediction_gqa", "vil_logit", "vil_binary_prediction",
-                    "vil_tri_prediction", "vision_logit", "linguisic_logit")
-TASK_LAYOUTS = [pytest.param(False, id="no-task-tokens"), pytest.param(True, id="task-tokens")]
+# the authors' task heads, compared at every stage of theirs (vilbert_tasks*.authors.npz): vilbert-multi-task's
+# seven, vilbert_beta's four
+TASK_HEAD_STAGES = {VL_TASKS_LAYOUT: ("vil_prediction", "vil_prediction_gqa", "vil_logit", "vil_binary_prediction",
+                                      "vil_tri_prediction", "vision_logit", "linguisic_logit"),
+                    BETA_LAYOUT: ("vil_prediction", "vil_logit", "vision_logit", "linguisic_logit")}
+TASK_LAYOUTS = [pytest.param((VL_TASKS_LAYOUT, False), id="multi-task-release-no-task-tokens"),
+                pytest.param((VL_TASKS_LAYOUT, True), id="multi-task-release-task-tokens"),
+                pytest.param((BETA_LAYOUT, False), id="vilbert-beta-release")]
 
 
 @pytest.fixture(scope="module", params=TASK_LAYOUTS)
 def fine_tuned(request, tmp_path_factory):
     """(record, inputs, the authors' outputs, converted directory) of a VILBertForVLTasks stand-in."""
-    task_tokens = request.param
-    inputs_file, outputs_file, record_file = golden_files(VL_TASKS_LAYOUT, task_tokens)
+    layout, task_tokens = request.param
+    inputs_file, outputs_file, record_file = golden_files(layout, task_tokens)
     record = json.loads((GOLDEN / record_file).read_text())
-    assert record["layout"] == VL_TASKS_LAYOUT and record["task_tokens"] == task_tokens
+    assert record["layout"] == layout and record["task_tokens"] == task_tokens
     _, _, model_dir = convert_stand_in(record["config"], record["seed"], tmp_path_factory.mktemp("vilbert_tasks"),
-                                       VL_TASKS_LAYOUT, task_tokens)
+                                       layout, task_tokens)
     return record, load_arrays(GOLDEN / inputs_file), load_arrays(GOLDEN / outputs_file), model_dir
 
 
@@ -102,10 +107,11 @@ def test_a_converted_fine_tuned_model_gives_the_authors_outputs_at_every_stage_a
     assert record["tolerance"] == TOLERANCE and max(record["largest_differences"].values()) <= TOLERANCE
     every_layer = ({f"text_layer_{i}" for i in range(record["config"]["num_hidden_layers"])}
                    | {f"visual_layer_{i}" for i in range(record["config"]["v_num_hidden_layers"])})
-    assert set(TASK_HEAD_STAGES) | every_layer | {"text_states", "coattention_1_text", "pooled_visual"} <= set(theirs)
+    assert set(TASK_HEAD_STAGES[record["layout"]]) | every_layer | {"text_states", "coattention_1_text",
+                                                                    "pooled_visual"} <= set(theirs)
     model, heads, task_heads = load_converted(model_dir, with_task_heads=True)
     assert model.config.task_specific_tokens == record["task_tokens"]
-    assert model.config.task_heads == "vilbert_released"
+    assert model.config.task_heads == HEAD_LAYOUT_OF[record["layout"]]
     gaps = differences(our_stages(model, heads, inputs, task_heads), theirs)
     assert {stage: gap for stage, gap in gaps.items() if gap > TOLERANCE} == {}
 

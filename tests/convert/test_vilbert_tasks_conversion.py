@@ -252,3 +252,33 @@ def test_fine_tuning_from_a_converted_multi_task_model_takes_the_tasks_token_and
     # with this project's head layout (model.task_heads: project) the released heads do not fit: the head starts new
     project = load_encoder(whole, tune_frcnn=False, task_heads="project", sentence_readout="cls", task="refcoco")
     assert not start_from_released_head(FinetuneModel("refcoco", project, meta), whole)
+
+
+# ---- the ViLBERT paper's single-task release (jiasenlu/vilbert_beta) --------------------------------------------
+
+def test_a_vilbert_beta_checkpoint_converts_with_its_weight_norm_folded():
+    from vlbert_core.convert.vilbert.checkpoint import BETA_LAYOUT
+
+    source = stand_in_state(SMALL_CONFIG, seed=0, layout=BETA_LAYOUT)
+    assert checkpoint_layout(source) == BETA_LAYOUT and source["vil_prediction.main.0.weight_g"].dim() == 0
+    converted = _convert(source)
+    report = converted.report
+    assert set(report.mapped) | set(report.dropped) == set(source) and not set(report.mapped) & set(report.dropped)
+    assert "folded into the weight" in report.dropped["vil_prediction.main.3.weight_g"]
+    assert converted.config.task_heads == "vilbert_beta_released" and not converted.config.task_specific_tokens
+    direction, scale = source["vil_prediction.main.3.weight_v"], source["vil_prediction.main.3.weight_g"]
+    folded = converted.task_heads["vqa.classifier.linear.weight"]
+    assert torch.allclose(folded, scale * direction / direction.norm()) and torch.isclose(folded.norm(), scale)
+    assert set(converted.task_heads) == {f"{head}.{part}" for head, parts in (
+        ("vqa.classifier", ("dense.weight", "dense.bias", "linear.weight", "linear.bias")),
+        ("pair_score.classifier", ("weight", "bias")), ("region_score.mlp.linear", ("weight", "bias")),
+        ("word_score.linear", ("weight", "bias"))) for part in parts}
+    # a task's own number of labels (vil_prediction's rows) is read off the checkpoint
+    two_labels = stand_in_state(SMALL_CONFIG, seed=0, layout=BETA_LAYOUT) | {
+        "vil_prediction.main.3.weight_v": torch.ones(2, 32), "vil_prediction.main.3.bias": torch.zeros(2)}
+    assert _convert(two_labels).task_heads["vqa.classifier.linear.weight"].shape == (2, 32)
+    no_scale = {k: v for k, v in source.items() if k != "vil_prediction.main.0.weight_g"}
+    with pytest.raises(ConversionError, match=r"vil_prediction\.main\.0\.weight_v has no scalar"):
+        _convert(no_scale)
+    with pytest.raises(ConversionError, match=r"missing from the source: 'task_heads\.word_score\.linear\.bias'"):
+        _convert({k: v for k, v in source.items() if k != "linguisic_logit.bias"})

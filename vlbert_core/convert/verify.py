@@ -9,7 +9,8 @@ words of captions and of text-only rows, masked-RoI classification at the chosen
 LAYOUT is one of reference.LAYOUTS: pretrain-e2e, pretrain-prec, vqa, refcoco, vcr. ViLBERT's layouts
 (facebookresearch/vilbert-multi-task) are checked the same way: `vilbert` (pretrained_model.bin) and
 `vilbert-tasks` (a VILBertForVLTasks checkpoint: multi_task_model.bin with --task-tokens, a per-task fine-tuned
-file without; every task head is compared too); their options are those of python -m
+file without; every task head is compared too) and `vilbert-beta-tasks` (the ViLBERT paper's single-task files,
+--authors-repo a checkout of jiasenlu/vilbert_beta); their options are those of python -m
 vlbert_core.convert.vilbert.reference (VILBERT_LAYOUTS). The checkpoint is either
 the authors' file (--checkpoint, with what its conversion needs: --bert-path, and --visual-weights for the prec
 and VQA ones, --answers / --object-names for VQA / VCR) or a stand-in written from a manifest of
@@ -158,7 +159,7 @@ def verify(args) -> list[dict]:
 
 DETECTOR_LAYOUTS = {"bottom-up-detectron2-attr": "detectron2-attr", "bottom-up-bua-caffe": "bua-caffe"}
 # ViLBERT's layouts -> the --layout of its reference check (convert/vilbert/reference.py), which does the work
-VILBERT_LAYOUTS = {"vilbert": "pretrained", "vilbert-tasks": "vl-tasks"}
+VILBERT_LAYOUTS = {"vilbert": "pretrained", "vilbert-tasks": "vl-tasks", "vilbert-beta-tasks": "vl-tasks-beta"}
 
 
 def verify_vilbert(argv: list[str]) -> int:

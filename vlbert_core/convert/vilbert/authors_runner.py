@@ -22,6 +22,11 @@ mlm_logits (at mlm_positions), region_logits (at every real region), alignment_l
 text stages are T + 1 long and kept where the authors' extended mask (a 1 prepended) is 1; mlm_positions are
 shifted past the task token likewise.
 
+--model vl-tasks-beta builds the VILBertForVLTasks of jiasenlu/vilbert_beta (--authors-repo a checkout of it: the
+ViLBERT paper's single-task models), its vil_prediction as wide as the checkpoint's, its outputs as vl-tasks'
+for its four heads (vil_prediction, vil_logit, vision_logit, linguisic_logit); vilbert_beta's vilbert.py takes
+only cached_path from its utils, which the stand-in module holds too (never called).
+
 --model vl-tasks builds their VILBertForVLTasks (the fine-tuned models) instead of BertForMultiModalPreTraining;
 its outputs add every text and visual layer's (text_layer_<i>, visual_layer_<i>) and every task head's: vil_prediction, vil_prediction_gqa, vil_logit, vil_tri_prediction (per row),
 vil_binary_prediction (per pair of rows), vision_logit (at every real region), linguisic_logit (at every real
@@ -57,18 +62,23 @@ def install_stand_ins(repo: str) -> None:
         def _tie_or_clone_weights(self, first_module, second_module):
             first_module.weight = second_module.weight
 
+    def cached_path(*args, **kwargs):   # vilbert_beta's import; its forward never downloads
+        raise RuntimeError("the authors' runner downloads nothing")
+
     utils.PreTrainedModel = PreTrainedModel
+    utils.cached_path = cached_path
     sys.modules["vilbert.utils"] = utils
 
 
-def build_model(config_path: str, model_kind: str = "pretraining", task_tokens: bool = False):
+def build_model(config_path: str, model_kind: str = "pretraining", task_tokens: bool = False, num_labels: int = 1):
     """Their BertForMultiModalPreTraining (as train_concap.py builds it) or VILBertForVLTasks (as train_tasks.py
-    does: task_specific_tokens set on the config from the command line) from a config file of theirs."""
+    does: task_specific_tokens set on the config from the command line) from a config file of theirs;
+    `num_labels`: vilbert_beta's vil_prediction rows (vilbert-multi-task's heads do not read it)."""
     vilbert = importlib.import_module("vilbert.vilbert")
     config = vilbert.BertConfig.from_json_file(config_path)
     config.task_specific_tokens = bool(task_tokens)
-    if model_kind == "vl-tasks":
-        return vilbert.VILBertForVLTasks(config, num_labels=1)   # num_labels: read by no head of theirs
+    if model_kind in ("vl-tasks", "vl-tasks-beta"):
+        return vilbert.VILBertForVLTasks(config, num_labels=num_labels)
     return vilbert.BertForMultiModalPreTraining(config)
 
 
@@ -122,7 +132,7 @@ def run(model, inputs: dict, model_kind: str = "pretraining", task_tokens: bool 
         return value if dtype is None else value.to(dtype)
 
     # the fine-tuned layout's check reads every layer (the pre-trained one's golden files predate that)
-    recorder = Recorder(model, every_layer=model_kind == "vl-tasks")
+    recorder = Recorder(model, every_layer=model_kind != "pretraining")
     text_mask, region_mask = t("text_mask").bool(), t("region_mask").bool()
     mlm_positions = t("mlm_positions").bool()
     if task_tokens:
@@ -145,6 +155,13 @@ def run(model, inputs: dict, model_kind: str = "pretraining", task_tokens: bool 
                      "vil_logit": vil_logit, "vil_binary_prediction": vil_binary_prediction,
                      "vil_tri_prediction": vil_tri_prediction, "vision_logit": vision_logit[region_mask],
                      "linguisic_logit": linguisic_logit[text_mask]}
+        elif model_kind == "vl-tasks-beta":
+            pretraining_heads = {}
+            model.cls.register_forward_hook(lambda module, args, output: pretraining_heads.update(out=output))
+            vil_prediction, vil_logit, _, _, vision_logit, _, linguisic_logit = model(*arguments)
+            mlm, regions, alignment = pretraining_heads["out"]
+            heads = {"vil_prediction": vil_prediction, "vil_logit": vil_logit,
+                     "vision_logit": vision_logit[region_mask], "linguisic_logit": linguisic_logit[text_mask]}
         else:
             mlm, regions, alignment, _ = model(*arguments)
     out = {}
@@ -170,8 +187,9 @@ def main(argv=None) -> int:
     parser.add_argument("--checkpoint", required=True, help="the state dict (pretrained_model.bin or a stand-in)")
     parser.add_argument("--inputs", help="the reference batch (.npz)")
     parser.add_argument("--out", help="where the per-stage outputs go (.npz)")
-    parser.add_argument("--model", choices=("pretraining", "vl-tasks"), default="pretraining",
-                        help="their BertForMultiModalPreTraining or VILBertForVLTasks (the fine-tuned models)")
+    parser.add_argument("--model", choices=("pretraining", "vl-tasks", "vl-tasks-beta"), default="pretraining",
+                        help="their BertForMultiModalPreTraining or VILBertForVLTasks (the fine-tuned models; "
+                             "vl-tasks-beta: jiasenlu/vilbert_beta's)")
     parser.add_argument("--task-tokens", action="store_true",
                         help="the model has task tokens (their task_specific_tokens); the inputs hold task_ids")
     parser.add_argument("--list-keys", default=None,
@@ -179,11 +197,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     install_stand_ins(os.path.abspath(args.authors_repo))
     torch.set_grad_enabled(False)
-    model = build_model(args.config, args.model, args.task_tokens)
+    state = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
+    beta_rows = state.get("vil_prediction.main.3.weight_v")
+    model = build_model(args.config, args.model, args.task_tokens,
+                        num_labels=1 if beta_rows is None else int(beta_rows.shape[0]))
     if args.list_keys:
         with open(args.list_keys, "w") as f:
             json.dump({k: list(v.shape) for k, v in model.state_dict().items()}, f, indent=1)
-    state = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
     model.load_state_dict(state, strict=True)
     model.float().eval()
     if args.inputs is None:

@@ -11,7 +11,11 @@ The input is a plain PyTorch state dict (read with weights_only=True) of one of 
   written to task_heads.safetensors (tasks/modeling/vilbert_released.py ViLBertReleasedHeads), the model's
   task_heads set to "vilbert_released". With task tokens (`bert.embeddings.task_embeddings.weight`, the
   multi-task models' task_specific_tokens) the converted model has them too, its task_id left for the task that
-  uses it to set (models/vilbert/config.py task_token_id). Sizes are read
+  uses it to set (models/vilbert/config.py task_token_id);
+- "vl-tasks-beta": the VILBertForVLTasks of jiasenlu/vilbert_beta, the ViLBERT paper's single-task fine-tuned
+  files: the same body (no task tokens) and `cls.*`, and four heads, vil_prediction of its own (weight-normed
+  Linear, ReLU, Dropout(0.5), weight-normed Linear; each weight is folded, W = g v / ||v||), vil_logit,
+  vision_logit, linguisic_logit (task_heads "vilbert_beta_released"). Sizes are read
 off the tensors' shapes; what shapes cannot tell (attention heads, which layers the co-attention layers follow,
 activations, dropouts) comes from the released config/bert_base_6layer_6conect.json (RELEASED_CONFIG) or from
 `--config`, a config file of the authors' format. Every tensor is mapped or dropped with a reason
@@ -51,7 +55,7 @@ from vlbert_core.models.vilbert.config import TASK_TOKEN_COUNT, ViLBertConfig, t
 from vlbert_core.models.vilbert.heads import ViLBertPretrainingHeads
 from vlbert_core.models.vilbert.model import ViLBertModel
 from vlbert_core.tasks.modeling.vilbert_released import (ENTAILMENT_CLASSES, GQA_ANSWERS, VQA_ANSWERS,
-                                                        ViLBertReleasedHeads, save_released_heads)
+                                                        VQA_OUTPUT_KEY, ViLBertReleasedHeads, save_released_heads)
 
 from ..accounting import (REPORT_FILE, ConversionError, ConversionReport, Drop, Rule, check_aliases, convert_state_dict,
                           strip_module_prefix)
@@ -99,12 +103,16 @@ LAYER_NORM_EPS = 1e-12   # the authors' BertLayerNorm eps, fixed in every module
 HEADS_PREFIX = "heads."              # our keys of the pre-training heads (heads.safetensors)
 TASK_HEADS_PREFIX = "task_heads."    # ... and of the released task heads (task_heads.safetensors)
 TASK_EMBEDDINGS = "bert.embeddings.task_embeddings.weight"
-PRETRAINED_LAYOUT, VL_TASKS_LAYOUT = "pretrained", "vl-tasks"
+PRETRAINED_LAYOUT, VL_TASKS_LAYOUT, BETA_LAYOUT = "pretrained", "vl-tasks", "vl-tasks-beta"
 # the authors' model class of each layout, and the files of it they released
 CHECKPOINT_LAYOUTS = {
     PRETRAINED_LAYOUT: ("BertForMultiModalPreTraining", "pretrained_model.bin"),
     VL_TASKS_LAYOUT: ("VILBertForVLTasks", "multi_task_model.bin and the per-task fine-tuned files"),
+    BETA_LAYOUT: ("VILBertForVLTasks of jiasenlu/vilbert_beta", "the ViLBERT paper's single-task fine-tuned files"),
 }
+# the head layout (model.task_heads) of a converted checkpoint of each layout
+HEAD_LAYOUT_OF = {PRETRAINED_LAYOUT: "project", VL_TASKS_LAYOUT: "vilbert_released",
+                  BETA_LAYOUT: "vilbert_beta_released"}
 # VILBertForVLTasks' task heads: (their module, our module in ViLBertReleasedHeads, [(their sub-module, ours)])
 # with .weight and .bias each; SimpleClassifier's logit_fc is Linear (0), GeLU (1), LayerNorm (2), Linear (3)
 _SIMPLE_CLASSIFIER = (("logit_fc.0", "dense"), ("logit_fc.2", "layer_norm"), ("logit_fc.3", "linear"))
@@ -119,11 +127,18 @@ TASK_HEAD_MODULES = (
 )
 # the authors' answer vocabularies of the released heads (vilbert.py builds them at these sizes)
 RELEASED_ANSWERS = {"vil_prediction": VQA_ANSWERS, "vil_prediction_gqa": GQA_ANSWERS}
+# vilbert_beta's vil_prediction: its weight-normed Linears (main.0, main.3; ReLU and Dropout between) -> ours; its
+# vil_logit, vision_logit and linguisic_logit are vilbert-multi-task's (TASK_HEAD_MODULES' rules)
+BETA_PREDICTION = (("main.0", "dense"), ("main.3", "linear"))
+BETA_MARK = "vil_prediction.main.0.weight_v"   # a key only vilbert_beta's layout has
 
 
 def checkpoint_layout(source: Mapping[str, torch.Tensor]) -> str:
-    """VL_TASKS_LAYOUT when the state dict holds any key of a task head, else PRETRAINED_LAYOUT (a key of a head
-    present alone makes the others missing, each named)."""
+    """BETA_LAYOUT when the state dict holds vilbert_beta's weight-normed vil_prediction, VL_TASKS_LAYOUT when it
+    holds any other key of a task head, else PRETRAINED_LAYOUT (a key of a head present alone makes the others
+    missing, each named)."""
+    if BETA_MARK in source:
+        return BETA_LAYOUT
     heads = tuple(f"{module}." for module, _, _ in TASK_HEAD_MODULES)
     return VL_TASKS_LAYOUT if any(key.startswith(heads) for key in source) else PRETRAINED_LAYOUT
 
@@ -157,10 +172,12 @@ def check_authors_config(config: Mapping[str, Any], where: str) -> None:
                                   f"ViLBERT; only {key}={default!r} converts")
 
 
-def released_key_shapes(config: Mapping[str, Any], layout: str = PRETRAINED_LAYOUT) -> dict[str, tuple[int, ...]]:
+def released_key_shapes(config: Mapping[str, Any], layout: str = PRETRAINED_LAYOUT,
+                        beta_labels: int = VQA_ANSWERS) -> dict[str, tuple[int, ...]]:
     """Every tensor of the authors' state dict of `layout` (CHECKPOINT_LAYOUTS: BertForMultiModalPreTraining or
-    VILBertForVLTasks) built from `config` (their keys), with its shape, in their module order. Both names of the
-    tied MLM decoder are listed (state_dict saves it under both)."""
+    either VILBertForVLTasks) built from `config` (their keys), with its shape, in their module order. Both names
+    of the tied MLM decoder are listed (state_dict saves it under both). `beta_labels`: vilbert_beta's
+    vil_prediction rows (its task's num_labels)."""
     if layout not in CHECKPOINT_LAYOUTS:
         raise ValueError(f"unknown ViLBERT checkpoint layout {layout!r}; expected one of {list(CHECKPOINT_LAYOUTS)}")
     c = {**RELEASED_CONFIG, **config}
@@ -234,6 +251,14 @@ def released_key_shapes(config: Mapping[str, Any], layout: str = PRETRAINED_LAYO
         linear("vil_tri_prediction", bi, ENTAILMENT_CLASSES)
         linear("vision_logit", v, 1)
         linear("linguisic_logit", h, 1)
+    if layout == BETA_LAYOUT:
+        for name, n_in, n_out in (("main.0", bi, 2 * bi), ("main.3", 2 * bi, beta_labels)):
+            shapes[f"vil_prediction.{name}.bias"] = (n_out,)
+            shapes[f"vil_prediction.{name}.weight_g"] = ()   # weight_norm(dim=None): one scale per matrix
+            shapes[f"vil_prediction.{name}.weight_v"] = (n_out, n_in)
+        linear("vil_logit", bi, 1)
+        linear("vision_logit", v, 1)
+        linear("linguisic_logit", h, 1)
     return shapes
 
 
@@ -303,7 +328,7 @@ def vilbert_config(authors: Mapping[str, Any], *, visual_backbone: dict, bert_pa
         # (vilbert/datasets/_image_features_reader.py), so a converted one is fed that
         return ViLBertConfig(**fields, layer_norm_eps=LAYER_NORM_EPS, visual_backbone=dict(visual_backbone),
                              tune_frcnn=False, bert_path=bert_path, global_region="mean_of_regions",
-                             task_heads="vilbert_released" if layout == VL_TASKS_LAYOUT else "project")
+                             task_heads=HEAD_LAYOUT_OF[layout])
     except (TypeError, ValueError) as exc:
         raise ConversionError(f"{where}: {exc}; pass the checkpoint's config (--config)") from exc
 
@@ -338,10 +363,11 @@ MODULE_TENSORS = (
 TIED_DECODER = ("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight")
 
 
-def mapping_rules() -> tuple[list[Rule], list[Drop]]:
-    """Rules for every tensor of the authors' state dict of either layout: model keys, HEADS_PREFIX + the
+def mapping_rules(source: Mapping[str, torch.Tensor] | None = None) -> tuple[list[Rule], list[Drop]]:
+    """Rules for every tensor of the authors' state dict of any layout: model keys, HEADS_PREFIX + the
     pre-training heads', or TASK_HEADS_PREFIX + the released task heads' (ViLBertReleasedHeads). The target
-    model decides which are expected: a rule whose key the checkpoint lacks produces nothing."""
+    model decides which are expected: a rule whose key the checkpoint lacks produces nothing. `source`: the
+    state dict itself, whose weight-norm scales (vilbert_beta) the folding rules read."""
     rules = [Rule(r"bert\.embeddings\.(word_embeddings|position_embeddings|token_type_embeddings|task_embeddings)"
                   r"\.weight", r"embeddings.\1.weight"),
              Rule(r"cls\.predictions\.bias", HEADS_PREFIX + "mlm.bias")]
@@ -358,13 +384,29 @@ def mapping_rules() -> tuple[list[Rule], list[Drop]]:
             their_name = ".".join(filter(None, (theirs, their_part)))
             our_name = ".".join(filter(None, (ours, our_part)))
             rules.append(Rule(re.escape(their_name) + r"\.(weight|bias)", TASK_HEADS_PREFIX + our_name + r".\1"))
+    if source is not None and BETA_MARK in source:
+        for theirs, ours in BETA_PREDICTION:
+            key = f"vil_prediction.{theirs}"
+            rules.append(Rule(re.escape(key) + r"\.bias", f"{TASK_HEADS_PREFIX}vqa.classifier.{ours}.bias"))
+            scale = source.get(f"{key}.weight_g")
+            rules.append(Rule(re.escape(key) + r"\.weight_v", f"{TASK_HEADS_PREFIX}vqa.classifier.{ours}.weight",
+                              transform=lambda v, g=scale, key=key: fold_weight_norm(v, g, key)))
     drops = [
+        Drop(r"vil_prediction\.main\.[03]\.weight_g", "folded into the weight: weight_norm(dim=None), W = g v / ||v||"),
         Drop(r"bert\.encoder\.c_layer\.\d+\.biOutput\.q_dense[12]\.(weight|bias)",
              "BertBiOutput defines q_dense1/q_dense2 but its forward never uses them"),
         Drop(re.escape(TIED_DECODER[0]), "the MLM decoder is tied to the word embeddings; checked equal to "
                                          f"{TIED_DECODER[1]}"),
     ]
     return rules, drops
+
+
+def fold_weight_norm(direction: torch.Tensor, scale: torch.Tensor | None, key: str) -> torch.Tensor:
+    """The weight torch.nn.utils.weight_norm(dim=None) computes: scale * direction / ||direction|| (Frobenius)."""
+    if scale is None or scale.dim() != 0:
+        raise ConversionError(f"{key}.weight_v has no scalar {key}.weight_g (weight_norm with dim=None) to fold "
+                              "into its weight")
+    return direction * (scale / direction.norm())
 
 
 # ---- the visual network from a detector ------------------------------------------------------------------------
@@ -433,19 +475,27 @@ def convert_vilbert_state(source: Mapping[str, torch.Tensor], *, source_name: st
         heads = ViLBertPretrainingHeads(config, model.word_embeddings())
     target_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     target_shapes.update({HEADS_PREFIX + k: tuple(v.shape) for k, v in heads.state_dict().items()})
-    if layout == VL_TASKS_LAYOUT:
+    if layout != PRETRAINED_LAYOUT:
         with torch.device("meta"):
-            task_heads = ViLBertReleasedHeads(model.head_spec())
+            task_heads = ViLBertReleasedHeads(model.head_spec(), vqa_answers=beta_labels(source, layout))
         target_shapes.update({TASK_HEADS_PREFIX + k: tuple(v.shape) for k, v in task_heads.state_dict().items()})
     fill = {k: f"from {visual_name}: the released ViLBERT holds no visual network (its region features were "
                "precomputed)" for k in target_shapes if k.startswith("visual_network.")}
-    rules, drops = mapping_rules()
+    rules, drops = mapping_rules(source)
     state, report = convert_state_dict(source, rules, drops, target_shapes, source_name=source_name, fill=fill)
     heads_state = {k[len(HEADS_PREFIX):]: state.pop(k) for k in list(state) if k.startswith(HEADS_PREFIX)}
     task_heads_state = {k[len(TASK_HEADS_PREFIX):]: state.pop(k) for k in list(state)
                         if k.startswith(TASK_HEADS_PREFIX)}
     return ConvertedViLBert(config=config, state=state, heads=heads_state, report=report, authors_config=authors,
                             layout=layout, task_heads=task_heads_state)
+
+
+def beta_labels(source: Mapping[str, torch.Tensor], layout: str) -> int:
+    """The VQA head's rows: VQA's 3,129 answers, or vilbert_beta's vil_prediction rows (its task's num_labels)."""
+    if layout != BETA_LAYOUT:
+        return VQA_ANSWERS
+    return int(source["vil_prediction.main.3.weight_v"].shape[0]) if "vil_prediction.main.3.weight_v" in source \
+        else VQA_ANSWERS
 
 
 def vilbert_task_meta(task: str, *, source_name: str, bert_path: str, answers: list[str] | None,
@@ -511,7 +561,7 @@ def convert_vilbert(in_path: str | os.PathLike, out_dir: str | os.PathLike, *, d
         if task not in VILBERT_TASK_HEADS:
             raise ConversionError(f"--task {task!r}: a released ViLBERT converts to a fine-tuned directory of "
                                   f"{list(VILBERT_TASK_HEADS)}")
-        if converted.layout != VL_TASKS_LAYOUT:
+        if converted.layout == PRETRAINED_LAYOUT:
             raise ConversionError(f"{source_name}: a {CHECKPOINT_LAYOUTS[converted.layout][0]} checkpoint has no task "
                                   "heads; --task takes a fine-tuned one (VILBertForVLTasks)")
         if converted.config.task_specific_tokens:
@@ -527,8 +577,9 @@ def convert_vilbert(in_path: str | os.PathLike, out_dir: str | os.PathLike, *, d
                                   f"unexpected {unexpected[:8]}")
         model.visual_network.load_detector_weights(detector_state)
         task_heads = None
-        if converted.layout == VL_TASKS_LAYOUT:
-            task_heads = ViLBertReleasedHeads(model.head_spec())
+        if converted.layout != PRETRAINED_LAYOUT:
+            answers = converted.task_heads[VQA_OUTPUT_KEY[converted.config.task_heads]].shape[0]
+            task_heads = ViLBertReleasedHeads(model.head_spec(), vqa_answers=answers)
             task_heads.load_state_dict(converted.task_heads, strict=True)
         if task is None:
             model.save_pretrained(tmp)
@@ -584,10 +635,11 @@ def stand_in_state(config: Mapping[str, Any], seed: int = 0,
         if key == TIED_DECODER[0]:
             continue
         value = rng.standard_normal(size=shape).astype(np.float32) * STAND_IN_SCALE
-        # LayerNorm scales: BertLayerNorm modules, and the one inside SimpleClassifier (logit_fc.2)
-        if re.search(r"(LayerNorm\d?|logit_fc\.2)\.weight$", key):
+        # LayerNorm scales: BertLayerNorm modules, and the one inside SimpleClassifier (logit_fc.2); and
+        # vilbert_beta's weight-norm scales (the Frobenius norm of the folded weight, near the direction's)
+        if re.search(r"((LayerNorm\d?|logit_fc\.2)\.weight|weight_g)$", key):
             value += 1.0
-        state[key] = torch.from_numpy(value)
+        state[key] = torch.from_numpy(np.asarray(value, dtype=np.float32))   # 0-d: a weight-norm scale
     state[TIED_DECODER[0]] = state[TIED_DECODER[1]]
     return state
 

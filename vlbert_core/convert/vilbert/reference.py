@@ -16,7 +16,9 @@ tests/convert/test_golden_vilbert.py).
 --layout vl-tasks checks a fine-tuned VILBertForVLTasks checkpoint (the multi-task model and its per-task files)
 instead: the same stages, then every task head of theirs against ours (tasks/modeling/vilbert_released.py, the
 shared task classes' heads where the pipeline has the task); --task-tokens gives the stand-in task embeddings and
-feeds each row a task token (TASK_IDS: VQA's and RefCOCO+'s), as multi_task_model.bin is run.
+feeds each row a task token (TASK_IDS: VQA's and RefCOCO+'s), as multi_task_model.bin is run. --layout
+vl-tasks-beta checks the ViLBERT paper's single-task fine-tuned files (jiasenlu/vilbert_beta's VILBertForVLTasks,
+--authors-repo a checkout of it) the same way, on its four heads.
 """
 
 from __future__ import annotations
@@ -61,15 +63,16 @@ TASK_HEAD_STAGES = {"vil_prediction": "vqa", "vil_prediction_gqa": "gqa", "vil_l
                     "vision_logit": "region_score", "linguisic_logit": "word_score"}
 
 
-def golden_name(layout: str, task_tokens: bool) -> str:
-    """The golden files' stem of a layout: vilbert (pre-trained), vilbert_tasks, vilbert_tasks_tokens."""
-    from .checkpoint import VL_TASKS_LAYOUT
+# the golden files' stem of each checkpoint layout (checkpoint.CHECKPOINT_LAYOUTS)
+GOLDEN_STEMS = {"pretrained": "vilbert", "vl-tasks": "vilbert_tasks", "vl-tasks-beta": "vilbert_tasks_beta"}
 
-    if layout != VL_TASKS_LAYOUT:
-        if task_tokens:
-            raise ValueError("task tokens belong to the fine-tuned (vl-tasks) layout")
-        return "vilbert"
-    return "vilbert_tasks_tokens" if task_tokens else "vilbert_tasks"
+
+def golden_name(layout: str, task_tokens: bool) -> str:
+    """The golden files' stem of a layout: vilbert (pre-trained), vilbert_tasks, vilbert_tasks_tokens (the
+    multi-task layout), vilbert_tasks_beta."""
+    if task_tokens and layout != "vl-tasks":
+        raise ValueError("task tokens belong to vilbert-multi-task's fine-tuned (vl-tasks) layout")
+    return GOLDEN_STEMS[layout] + ("_tokens" if task_tokens else "")
 
 
 def golden_files(layout: str, task_tokens: bool) -> tuple[str, str, str]:
@@ -171,7 +174,8 @@ def our_stages(model, heads, inputs: Mapping[str, np.ndarray], task_heads=None) 
                                        pooled=streams.pooled)
                 logits = task_heads(output, None)
                 for theirs, ours in TASK_HEAD_STAGES.items():
-                    out[theirs] = logits[ours]
+                    if ours in task_heads.head_names:   # vilbert_beta's release has four of them
+                        out[theirs] = logits[ours]
                 # the authors' scores keep their last axis of 1 ([B, 1], [B, R, 1], [B, T, 1]); per region and
                 # word they are kept at the real ones
                 out["vil_logit"] = out["vil_logit"][:, None]
@@ -249,7 +253,7 @@ def run_authors(authors_python: str, authors_repo: Path, config_file: Path, chec
                 out_path: Path, layout: str = "pretrained", task_tokens: bool = False) -> dict[str, np.ndarray]:
     command = [str(authors_python), str(RUNNER), "--authors-repo", str(authors_repo), "--config", str(config_file),
                "--checkpoint", str(checkpoint), "--inputs", str(inputs_path), "--out", str(out_path),
-               "--model", "vl-tasks" if layout == "vl-tasks" else "pretraining"]
+               "--model", "pretraining" if layout == "pretrained" else layout]
     if task_tokens:
         command.append("--task-tokens")
     result = subprocess.run(command, capture_output=True, text=True)
@@ -274,10 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                                       "(default: a stand-in)")
     parser.add_argument("--detector", type=Path, default=None, help="a detector checkpoint for the conversion "
                                                                     "(default: a random one of the right widths)")
-    parser.add_argument("--layout", choices=("pretrained", "vl-tasks"), default="pretrained",
+    parser.add_argument("--layout", choices=list(GOLDEN_STEMS), default="pretrained",
                         help="the checkpoint's model class: pretrained (BertForMultiModalPreTraining, "
-                             "pretrained_model.bin) or vl-tasks (VILBertForVLTasks: multi_task_model.bin and the "
-                             "per-task fine-tuned files; every task head is compared too)")
+                             "pretrained_model.bin), vl-tasks (VILBertForVLTasks: multi_task_model.bin and the "
+                             "per-task fine-tuned files; every task head is compared too) or vl-tasks-beta (the "
+                             "VILBertForVLTasks of jiasenlu/vilbert_beta, the ViLBERT paper's single-task files; "
+                             "--authors-repo a checkout of vilbert_beta)")
     parser.add_argument("--task-tokens", action="store_true",
                         help="vl-tasks: the checkpoint has task tokens (a stand-in gets them); each row is fed one")
     parser.add_argument("--seed", type=int, default=0, help="of the stand-in's values and of the batch")
@@ -288,12 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def verify(args) -> list[dict]:
-    from .checkpoint import RELEASED_CONFIG, VL_TASKS_LAYOUT, convert_vilbert, read_authors_config
+    from .checkpoint import RELEASED_CONFIG, convert_vilbert, read_authors_config
 
     config = dict(SMALL_CONFIG if args.small else RELEASED_CONFIG)
     if args.config is not None:
         config = {**RELEASED_CONFIG, **read_authors_config(args.config)}
-    tasks = args.layout == VL_TASKS_LAYOUT
+    tasks = args.layout != "pretrained"
     inputs_file, outputs_file, record_file = golden_files(args.layout, args.task_tokens)
     with tempfile.TemporaryDirectory() as scratch:
         workdir = args.workdir or Path(scratch)
