@@ -177,3 +177,25 @@ def released_task_names() -> list[str]:
 def vocabulary_option(key: str) -> str:
     """The command-line option of a `released_vocabularies` meta key: answers -> --answers."""
     return "--" + key.replace("_", "-")
+
+
+# ---- ViLBERT (facebookresearch/vilbert-multi-task VILBertForVLTasks) ---------------------------------------------
+
+@dataclass(frozen=True)
+class ViLBertTaskHead:
+    """Which of the released ViLBERT heads (tasks/modeling/vilbert_released.py HEAD_NAMES) a task of this pipeline
+    reads, and the authors' input sizes of that task (vilbert_tasks.yml: max_seq_length, max_region_num)."""
+    released_head: str
+    max_text_len: int
+    max_rois: int = 101   # their 100 detections + the global region
+    vocabularies: tuple[tuple[str, str], ...] = ()   # (meta key, what its file lists), as ReleasedHead's
+
+
+# task -> its released ViLBERT head; the tasks a fine-tuned ViLBERT converts to (`convert vilbert --task`) and
+# whose head fine-tuning from a converted one starts from
+VILBERT_TASK_HEADS: dict[str, ViLBertTaskHead] = {
+    "vqa": ViLBertTaskHead("vqa", 23, vocabularies=(("answers", "the authors' 3,129 answers in the order of "
+                                                                 "vil_prediction's rows (trainval_label2ans.pkl)"),)),
+    "refcoco": ViLBertTaskHead("region_score", 20),
+    "retrieval": ViLBertTaskHead("pair_score", 30),
+}

@@ -6,7 +6,12 @@ a checkout you downloaded, in its own Python environment) and the converted one 
 input embeddings, each encoder layer at the real elements, and the heads' logits (pre-training: MLM at masked
 words of captions and of text-only rows, masked-RoI classification at the chosen boxes, and the three losses).
 
-LAYOUT is one of reference.LAYOUTS: pretrain-e2e, pretrain-prec, vqa, refcoco, vcr. The checkpoint is either
+LAYOUT is one of reference.LAYOUTS: pretrain-e2e, pretrain-prec, vqa, refcoco, vcr. ViLBERT's layouts
+(facebookresearch/vilbert-multi-task) are checked the same way: `vilbert` (pretrained_model.bin) and
+`vilbert-tasks` (a VILBertForVLTasks checkpoint: multi_task_model.bin with --task-tokens, a per-task fine-tuned
+file without; every task head is compared too) and `vilbert-beta-tasks` (the ViLBERT paper's single-task files,
+--authors-repo a checkout of jiasenlu/vilbert_beta); their options are those of python -m
+vlbert_core.convert.vilbert.reference (VILBERT_LAYOUTS). The checkpoint is either
 the authors' file (--checkpoint, with what its conversion needs: --bert-path, and --visual-weights for the prec
 and VQA ones, --answers / --object-names for VQA / VCR) or a stand-in written from a manifest of
 vlbert_core/convert/manifests with trained-like random values (--stand-in, --seed). --golden-out writes the batch and a
@@ -153,6 +158,17 @@ def verify(args) -> list[dict]:
 
 
 DETECTOR_LAYOUTS = {"bottom-up-detectron2-attr": "detectron2-attr", "bottom-up-bua-caffe": "bua-caffe"}
+# ViLBERT's layouts -> the --layout of its reference check (convert/vilbert/reference.py), which does the work
+VILBERT_LAYOUTS = {"vilbert": "pretrained", "vilbert-tasks": "vl-tasks", "vilbert-beta-tasks": "vl-tasks-beta"}
+
+
+def verify_vilbert(argv: list[str]) -> int:
+    from .vilbert.reference import main as vilbert_reference
+
+    layout, rest = argv[0], argv[1:]
+    if any(arg == "--layout" or arg.startswith("--layout=") for arg in rest):
+        raise SystemExit(f"{layout}: the layout is the first argument; --layout is not taken")
+    return vilbert_reference(["--layout", VILBERT_LAYOUTS[layout], *rest])
 
 
 def build_detector_parser() -> argparse.ArgumentParser:
@@ -198,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in DETECTOR_LAYOUTS:
         return verify_detector(argv)
+    if argv and argv[0] in VILBERT_LAYOUTS:
+        return verify_vilbert(argv)
     args = build_parser().parse_args(argv)
     from .stages import report_stages
 

@@ -294,7 +294,7 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
     hp, model_settings = FinetuneSettings.for_task(task, hparams), ModelSettings.of(model_cfg)
     out_dir = Path(out_dir)
     seed_everything(seed)
-    encoder = load_encoder(pretrained_dir, tune_frcnn, model_settings.task_heads, sentence_readout)
+    encoder = load_encoder(pretrained_dir, tune_frcnn, model_settings.task_heads, sentence_readout, task)
     config = encoder.config
     readout = getattr(config, "sentence_readout", "pooled")
 
@@ -318,7 +318,9 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
     task_def.prepare(meta, hp.hparams, sources)
     data = task_def.build_data(task_def.train_split, meta, **common)
 
-    model = FinetuneModel(task, encoder, meta).to(device)
+    model = FinetuneModel(task, encoder, meta)
+    start_from_released_head(model, pretrained_dir)
+    model = model.to(device)
     model.train()
     optimizer = build_optimizer(model, hp.optimizer_settings())
     plan = schedule_steps(len(data), hp, schedule_factor)
@@ -358,14 +360,31 @@ def finetune(task: str, pretrained_dir: str | os.PathLike, out_dir: str | os.Pat
     return meta
 
 
+def start_from_released_head(model: FinetuneModel, pretrained_dir: str | os.PathLike) -> bool:
+    """Start the task head from the released head of the task when the pre-trained directory holds one (a
+    converted fine-tuned ViLBERT's task_heads.safetensors, tasks/modeling/vilbert_released.py); returns whether
+    it did."""
+    from .modeling.vilbert_released import released_task_head
+
+    released = released_task_head(model.task.name, pretrained_dir, model.encoder.head_spec())
+    if released is None:
+        return False
+    model.head.load_state_dict(released.state_dict(), strict=True)
+    log.info("task head %s: from the released head in %s", model.task.name, pretrained_dir)
+    return True
+
+
 def load_encoder(pretrained_dir: str | os.PathLike, tune_frcnn: bool, task_heads: str | None,
-                 sentence_readout: str) -> nn.Module:
+                 sentence_readout: str, task: str | None = None) -> nn.Module:
     """The pre-trained model of `pretrained_dir`, rebuilt with the fine-tuning choices: tune_frcnn (so the visual
-    network (un)freezes itself), the task heads' layout (model.task_heads) when the config names one, and what the
-    task's sentence-level head reads (finetune.sentence_readout)."""
+    network (un)freezes itself), the task heads' layout (model.task_heads) when the config names one, what the
+    task's sentence-level head reads (finetune.sentence_readout), and what the model takes of the task
+    (`task_config`: a converted multi-task ViLBERT's task token)."""
     pretrained = from_pretrained(pretrained_dir)
     fields = pretrained.config.to_dict()
     overrides: dict[str, Any] = {"tune_frcnn": bool(tune_frcnn)}
+    if task is not None:
+        overrides.update(pretrained.task_config(task))
     if task_heads is not None:
         overrides["task_heads"] = task_heads
     if "sentence_readout" in fields:

@@ -14,7 +14,10 @@ BERT_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_he
              "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
              "layer_norm_eps")
 # task heads' layer structure (vlbert_core/tasks/modeling, HeadSpec.layout)
-TASK_HEAD_LAYOUTS = ("project", "released")
+# "project": this project's heads; "released": the heads of VL-BERT's released fine-tuned checkpoints
+# (jackroos/VL-BERT); "vilbert_released": those of ViLBERT's (facebookresearch/vilbert-multi-task VILBertForVLTasks);
+# "vilbert_beta_released": those of the ViLBERT paper's single-task ones (jiasenlu/vilbert_beta)
+TASK_HEAD_LAYOUTS = ("project", "released", "vilbert_released", "vilbert_beta_released")
 # the run config's `model:` keys every config builder reads
 
 

@@ -40,7 +40,7 @@ class HeadSpec:
     dropout: float
     hidden_act: str
     layer_norm_eps: float
-    layout: str            # "project" or "released": which head shapes (tasks/modeling/common.HEAD_LAYOUTS)
+    layout: str            # models/common/config.py TASK_HEAD_LAYOUTS: which head shapes
     answer_readout: str    # ANSWER_READOUTS: "mask", the text state at the sample's [MASK]; "pooled"
 
     def __post_init__(self) -> None:

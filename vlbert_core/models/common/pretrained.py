@@ -112,6 +112,11 @@ class PretrainedModel:
     bert_matched_keys: ClassVar[tuple[str, ...]] = ("vocab_size", "hidden_size", "num_attention_heads",
                                                     "intermediate_size", "max_position_embeddings")
 
+    def task_config(self, task: str) -> dict:
+        """Config fields a model fine-tuned or run for `task` takes (fine-tuning rebuilds the model with them):
+        none by default; a family whose model depends on the task says so (ViLBERT's task token)."""
+        return {}
+
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         """model.safetensors and config.json (with its model_type) into `directory`."""
         from vlbert_core.utils import atomic_path, save_safetensors

@@ -24,6 +24,26 @@ FUSION_METHODS = ("mul", "sum")
 # box at that box's location (this project's), or the mean of the other regions' features at location
 # (0, 0, 1, 1, 1), what the released models were trained on (vilbert/datasets/_image_features_reader.py)
 GLOBAL_REGIONS = ("whole_image_box", "mean_of_regions")
+# Task tokens (the authors' multi-task models, task_specific_tokens): their BertEmbeddings' table has 20 rows, and a
+# task's id is the number n of its TASK<n> in vilbert-multi-task's vilbert_tasks.yml (task_utils.py feeds
+# int(task_id[4:]) as every row's task token)
+TASK_TOKEN_COUNT = 20
+AUTHORS_TASK_IDS = {"VQA": 1, "GenomeQA": 2, "VisualDialog": 3, "Visual7w": 4, "VCR_Q-A": 5, "VCR_QA-R": 6,
+                    "RetrievalCOCO": 7, "RetrievalFlickr30k": 8, "refcoco": 9, "refcoco+": 10, "refcocog": 11,
+                    "NLVR2": 12, "VisualEntailment": 13, "GuessWhat": 14, "GQA": 15, "Foil": 16,
+                    "GuessWhatPointing": 17, "FlickrGrounding": 18}
+# this pipeline's fine-tuning tasks -> the authors' task of the same data (our retrieval is Flickr30k's, our
+# refcoco RefCOCO+)
+PIPELINE_AUTHORS_TASKS = {"vqa": "VQA", "vcr_q2a": "VCR_Q-A", "vcr_qa2r": "VCR_QA-R", "retrieval": "RetrievalFlickr30k",
+                          "refcoco": "refcoco+"}
+
+
+def task_token_id(task: str) -> int:
+    """The task token the authors' code feeds for this pipeline's task `task`."""
+    if task not in PIPELINE_AUTHORS_TASKS:
+        raise ValueError(f"no task token of the authors' multi-task ViLBERT for task {task!r}; the tasks that have "
+                         f"one are {list(PIPELINE_AUTHORS_TASKS)}")
+    return AUTHORS_TASK_IDS[PIPELINE_AUTHORS_TASKS[task]]
 
 
 @dataclass
@@ -52,6 +72,11 @@ class ViLBertConfig(BertFieldsConfig):
     with_coattention: bool = True    # False: the co-attention layers are skipped (the streams meet at the pooler only)
     fusion_method: str = "mul"
     global_region: str = "whole_image_box"   # GLOBAL_REGIONS
+    # task tokens: whether a task embedding follows [CLS] (text outputs one longer), the table's size, and the id
+    # `encode` feeds (task_token_id of the task the model is used for; required when task_specific_tokens)
+    task_specific_tokens: bool = False
+    task_token_count: int = TASK_TOKEN_COUNT
+    task_id: int | None = None
     # visual network: the same fields, names and defaults as VLBertConfig's (FastRCNNVisualNetwork reads them);
     # appearance_dim is the authors' v_feature_size and num_object_classes their v_target_size (the detector's
     # classes incl. background, the masked-region head's targets)
@@ -91,6 +116,10 @@ class ViLBertConfig(BertFieldsConfig):
         if self.fusion_method not in FUSION_METHODS:
             raise ValueError(f"ViLBertConfig: fusion_method must be one of {FUSION_METHODS}, got "
                              f"{self.fusion_method!r}")
+        if self.task_token_count < 1 or (self.task_id is not None
+                                         and not 0 <= self.task_id < self.task_token_count):
+            raise ValueError(f"ViLBertConfig: task_id {self.task_id} must be in 0..task_token_count - 1 "
+                             f"({self.task_token_count - 1})")
         if self.num_object_classes < 1 or self.appearance_dim < 1:
             raise ValueError(f"ViLBertConfig: num_object_classes ({self.num_object_classes}) and appearance_dim "
                              f"({self.appearance_dim}) must be >= 1")

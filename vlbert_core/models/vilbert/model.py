@@ -29,8 +29,8 @@ from ..common.inputs import TEXT
 from ..common.output import EncoderOutput, HeadSpec
 from ..common.pretrained import PretrainedModel
 from ..common.visual import FastRCNNVisualNetwork, features_per_shared_image
-from .config import ViLBertConfig
-from .embeddings import ImageEmbeddings, TextEmbeddings, region_locations
+from .config import ViLBertConfig, task_token_id
+from .embeddings import TASK_TOKEN_POSITION, ImageEmbeddings, TextEmbeddings, region_locations
 from .encoder import ViLBertEncoder
 
 # transformers BertModel keys of the embeddings -> ours (the text layers: bert_encoder_key_map)
@@ -92,6 +92,20 @@ def text_stream(batch: ModelBatch, type_vocab_size: int) -> tuple[torch.Tensor, 
     return batch.input_ids[:, :length], token_types, mask
 
 
+def with_task_token(text_mask: torch.Tensor) -> torch.Tensor:
+    """The text mask [B, T] of a stream with the task token inserted: [B, T + 1]. The authors prepend a 1 to the
+    mask while the token goes after [CLS]; as [CLS] is always real, both give this."""
+    if not bool(text_mask[:, 0].all()):
+        raise ValueError("ViLBertModel: every row's first text element ([CLS]) must be real")
+    return torch.cat([text_mask[:, :TASK_TOKEN_POSITION], text_mask.new_ones(text_mask.shape[0], 1),
+                      text_mask[:, TASK_TOKEN_POSITION:]], dim=1)
+
+
+def drop_task_token(text_states: torch.Tensor) -> torch.Tensor:
+    """[B, T + 1, ...] states of a stream with the task token -> [B, T, ...], the words' only."""
+    return torch.cat([text_states[:, :TASK_TOKEN_POSITION], text_states[:, TASK_TOKEN_POSITION + 1:]], dim=1)
+
+
 GLOBAL_LOCATION = (0.0, 0.0, 1.0, 1.0, 1.0)
 
 
@@ -147,6 +161,10 @@ class ViLBertModel(PretrainedModel, nn.Module):
         for module in (self.embeddings, self.image_embeddings, self.encoder, self.text_pooler, self.visual_pooler):
             init_new_parameters(module)
 
+    def task_config(self, task: str) -> dict:
+        """With task tokens, the task token of `task` (the authors' id of its task, config.task_token_id)."""
+        return {"task_id": task_token_id(task)} if self.config.task_specific_tokens else {}
+
     def word_embeddings(self) -> nn.Embedding:
         return self.embeddings.word_embeddings
 
@@ -171,11 +189,17 @@ class ViLBertModel(PretrainedModel, nn.Module):
 
     def forward_streams(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, text_mask: torch.Tensor,
                         region_features: torch.Tensor, region_locations: torch.Tensor,
-                        region_mask: torch.Tensor) -> ViLBertStreams:
+                        region_mask: torch.Tensor, task_ids: torch.Tensor | None = None) -> ViLBertStreams:
         """The authors' BertModel forward on explicit streams: words [B, T] (ids, token types, Bool mask) and
         regions [B, R] (features [B, R, appearance_dim], 5-d locations [B, R, 5], Bool mask). Position 0 of
-        each stream ([CLS], the whole image) feeds its pooler."""
-        text_embeddings = self.embeddings(input_ids, token_type_ids)
+        each stream ([CLS], the whole image) feeds its pooler.
+
+        With task tokens (config task_specific_tokens) `task_ids` [B] gives each row's task token, inserted at
+        TASK_TOKEN_POSITION: the text embeddings and states are then [B, T + 1, ...], their mask
+        `with_task_token(text_mask)`."""
+        text_embeddings = self.embeddings(input_ids, token_type_ids, task_ids)
+        if self.config.task_specific_tokens:
+            text_mask = with_task_token(text_mask)
         visual_embeddings = self.image_embeddings(region_features, region_locations)
         text_states, visual_states = self.encoder(text_embeddings, text_mask, visual_embeddings, region_mask)
         pooled_text, pooled_visual = self.text_pooler(text_states), self.visual_pooler(visual_states)
@@ -183,6 +207,16 @@ class ViLBertModel(PretrainedModel, nn.Module):
         return ViLBertStreams(text_embeddings=text_embeddings, visual_embeddings=visual_embeddings,
                               text_states=text_states, visual_states=visual_states, pooled_text=pooled_text,
                               pooled_visual=pooled_visual, pooled=pooled)
+
+    def task_ids(self, rows: int, device: torch.device) -> torch.Tensor | None:
+        """[rows] of the config's task_id (the task token `encode` feeds), or None for a model without task
+        tokens."""
+        if not self.config.task_specific_tokens:
+            return None
+        if self.config.task_id is None:
+            raise ValueError("ViLBertModel: the model has task tokens (task_specific_tokens) but its config names no "
+                             "task_id; set it to the task's token (models/vilbert/config.py task_token_id)")
+        return torch.full((rows,), self.config.task_id, dtype=torch.long, device=device)
 
     def encode(self, batch: ModelBatch, roi_features: torch.Tensor | None = None,
                rows_per_image: int = 1) -> EncoderOutput:
@@ -209,8 +243,13 @@ class ViLBertModel(PretrainedModel, nn.Module):
                                  "be masked")
             # the authors' masking of a region: its feature is zeroed, its location kept
             features = features.masked_fill(batch.roi_masked[..., None], 0.0)
-        streams = self.forward_streams(input_ids, token_types, text_mask, features, locations, batch.box_valid)
-        text = streams.text_states * text_mask[..., None].to(streams.text_states.dtype)
+        streams = self.forward_streams(input_ids, token_types, text_mask, features, locations, batch.box_valid,
+                                       self.task_ids(input_ids.shape[0], input_ids.device))
+        text_states = streams.text_states
+        if self.config.task_specific_tokens:
+            # the outputs stay aligned with batch.input_ids: the task token's state is read by no head here
+            text_states = drop_task_token(text_states)
+        text = text_states * text_mask[..., None].to(text_states.dtype)
         padding = text.new_zeros(text.shape[0], batch.input_ids.shape[1] - text.shape[1], text.shape[2])
         visual = streams.visual_states * batch.box_valid[..., None].to(streams.visual_states.dtype)
         return EncoderOutput(text_states=torch.cat([text, padding], dim=1),

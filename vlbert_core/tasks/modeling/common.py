@@ -7,7 +7,10 @@ heads `output.visual_states`, and an answer head reads the vector `answer_vector
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
+from vlbert_core.models.common.config import TASK_HEAD_LAYOUTS
 from vlbert_core.models.common.output import ANSWER_READOUTS, HeadSpec
 
 
@@ -37,9 +40,30 @@ def answer_vector(output, batch, readout: str, mask_id: int) -> torch.Tensor:
     raise ValueError(f"answer readout must be one of {ANSWER_READOUTS}, got {readout!r}")
 
 
-HEAD_LAYOUTS = ("project", "released")
+HEAD_LAYOUTS = TASK_HEAD_LAYOUTS
+VILBERT_RELEASED = "vilbert_released"
+VILBERT_BETA_RELEASED = "vilbert_beta_released"
+VILBERT_LAYOUTS = (VILBERT_RELEASED, VILBERT_BETA_RELEASED)   # ViLBERT's released heads, either release
 
 
 def check_layout(layout: str) -> None:
     if layout not in HEAD_LAYOUTS:
         raise ValueError(f"task head layout must be one of {HEAD_LAYOUTS}, got {layout!r}")
+
+
+class TwoLayerClassifier(nn.Module):
+    """Linear(in, inner) -> GELU (erf) -> LayerNorm -> Linear(inner, out), no dropout inside: the classifier of
+    ViLBERT's released answer heads (vilbert-multi-task's SimpleClassifier: VQA, GQA, NLVR2)."""
+
+    def __init__(self, in_width: int, inner_width: int, out_width: int, layer_norm_eps: float = 1e-12):
+        super().__init__()
+        self.dense = nn.Linear(in_width, inner_width)
+        self.layer_norm = nn.LayerNorm(inner_width, eps=layer_norm_eps)
+        self.linear = nn.Linear(inner_width, out_width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.layer_norm(F.gelu(self.dense(x))))
+
+
+# what the authors' VILBertForVLTasks adds to a padded region's score (vision_logit): -10000, not -inf
+PADDED_REGION_SCORE = -10000.0

@@ -20,12 +20,14 @@ from vlbert_core.models.common.initialization import init_new_parameters
 from ..common import rois_for_key
 from ..refcoco import POSITIVE_IOU, RefcocoData, box_iou
 from ..samples import ImageLoader, Tokens, image_and_boxes, truncate_pair
-from .common import check_layout
+from .common import PADDED_REGION_SCORE, VILBERT_LAYOUTS, check_layout
 
 
 class RefCOCOHead(nn.Module):
     """On each box's visual state: layout "project": Dropout-Linear-ReLU-Dropout-Linear; layout "released": the authors' final MLP,
-    the MVRC head transform (Linear(h, h)-GELU) -> Dropout -> Linear(h, 1)."""
+    the MVRC head transform (Linear(h, h)-GELU) -> Dropout -> Linear(h, 1); layout "vilbert_released" (ViLBERT's
+    vision_logit, in both ViLBERT releases): Dropout -> Linear(h, 1), PADDED_REGION_SCORE added at padded box
+    slots as the authors do."""
 
     def __init__(self, hidden_size: int, dropout: float = 0.1, layout: str = "project", hidden_act: str = "gelu"):
         super().__init__()
@@ -34,14 +36,21 @@ class RefCOCOHead(nn.Module):
             self.mlp = nn.Sequential(OrderedDict([
                 ("transform", PredictionTransform(hidden_size, hidden_act, layer_norm_eps=None)),
                 ("dropout", nn.Dropout(dropout)), ("linear", nn.Linear(hidden_size, 1))]))
+        elif layout in VILBERT_LAYOUTS:
+            self.mlp = nn.Sequential(OrderedDict([("dropout", nn.Dropout(dropout)),
+                                                  ("linear", nn.Linear(hidden_size, 1))]))
         else:
             self.mlp = nn.Sequential(nn.Dropout(dropout), nn.Linear(hidden_size, hidden_size), nn.ReLU(),
                                      nn.Dropout(dropout), nn.Linear(hidden_size, 1))
+        self.score_padding = layout in VILBERT_LAYOUTS
         init_new_parameters(self)
 
     def forward(self, output, batch) -> torch.Tensor:
         """[B, R] logits; box slots that are not candidates are left to the caller's mask."""
-        return self.mlp(output.visual_states).squeeze(-1)
+        logits = self.mlp(output.visual_states).squeeze(-1)
+        if self.score_padding:
+            logits = logits + (~output.visual_mask).to(logits.dtype) * PADDED_REGION_SCORE
+        return logits
 
     @staticmethod
     def loss(logits: torch.Tensor, labels: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:

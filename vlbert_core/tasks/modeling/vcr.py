@@ -26,7 +26,8 @@ from .common import check_layout
 class VCRHead(nn.Module):
     """On the pooled vector (VL-BERT: its sentence readout, the `[CLS]` output by default), of width h:
     layout "project": Dropout -> Linear(h, 1); layout "released": BERT's pooler (Linear(h, h) + tanh, released
-    with_pooler) first, then Dropout -> Linear(h, 1) (CLASSIFIER_TYPE 1fc)."""
+    with_pooler) first, then Dropout -> Linear(h, 1) (CLASSIFIER_TYPE 1fc); layouts "vilbert_released" and
+    "vilbert_beta_released": the project's, which is ViLBERT's vil_logit."""
 
     def __init__(self, hidden_size: int, dropout: float = 0.1, layout: str = "project"):
         super().__init__()
@@ -51,7 +52,8 @@ class VCRHead(nn.Module):
 
 class VCRRoIClassifier(nn.Module):
     """On each box's visual state: layout "project": Dropout -> Linear; layout "released" (CNN_LOSS_TOP): the
-    MVRC head transform (Linear(h, h)-GELU) first."""
+    MVRC head transform (Linear(h, h)-GELU) first; the ViLBERT layouts: the project's (the authors' ViLBERT has no
+    auxiliary RoI loss)."""
 
     def __init__(self, hidden_size: int, num_classes: int, dropout: float = 0.1, layout: str = "project",
                  hidden_act: str = "gelu"):

@@ -18,14 +18,19 @@ from vlbert_core.models.common.initialization import init_new_parameters
 from ..common import rois_for_key
 from ..samples import ImageLoader, Tokens, image_and_boxes, truncate_pair
 from ..vqa import VqaQuestion, soft_targets
-from .common import answer_vector, check_layout
+from .common import VILBERT_BETA_RELEASED, VILBERT_RELEASED, TwoLayerClassifier, answer_vector, check_layout
+
+BETA_INNER_DROPOUT = 0.5   # vilbert_beta's SimpleClassifier(..., 0.5)
 
 
 class VQAHead(nn.Module):
     """On the vector `readout` picks (common.answer_vector), of width h:
     layout "project": Dropout-Linear(h, 2h)-GELU-LayerNorm-Dropout-Linear(2h, answers) (also ViLBERT's
     SimpleClassifier on h_IMG * h_CLS); layout "released" (the authors' CLASSIFIER_TYPE 'mlm'): BERT's head
-    transform (Linear(h, h)-GELU-LayerNorm) -> Dropout -> Linear(h, answers)."""
+    transform (Linear(h, h)-GELU-LayerNorm) -> Dropout -> Linear(h, answers); layout "vilbert_released" (ViLBERT's
+    vil_prediction): Dropout -> TwoLayerClassifier(h, 2h, answers), no dropout inside; layout
+    "vilbert_beta_released" (the ViLBERT paper's vil_prediction, jiasenlu/vilbert_beta): Dropout -> Linear(h, 2h) ->
+    ReLU -> Dropout(0.5) -> Linear(2h, answers) (their weight-normed Linears, folded by the converter)."""
 
     def __init__(self, hidden_size: int, num_answers: int, mask_id: int, dropout: float = 0.1,
                  layer_norm_eps: float = 1e-12, layout: str = "project", hidden_act: str = "gelu",
@@ -39,6 +44,15 @@ class VQAHead(nn.Module):
             self.classifier = nn.Sequential(OrderedDict([
                 ("transform", PredictionTransform(hidden_size, hidden_act, layer_norm_eps=layer_norm_eps)),
                 ("dropout", nn.Dropout(dropout)), ("linear", nn.Linear(hidden_size, num_answers))]))
+        elif layout == VILBERT_RELEASED:
+            self.classifier = nn.Sequential(OrderedDict([
+                ("dropout", nn.Dropout(dropout)),
+                ("mlp", TwoLayerClassifier(hidden_size, 2 * hidden_size, num_answers, layer_norm_eps))]))
+        elif layout == VILBERT_BETA_RELEASED:
+            self.classifier = nn.Sequential(OrderedDict([
+                ("dropout", nn.Dropout(dropout)), ("dense", nn.Linear(hidden_size, 2 * hidden_size)),
+                ("act", nn.ReLU()), ("inner_dropout", nn.Dropout(BETA_INNER_DROPOUT)),
+                ("linear", nn.Linear(2 * hidden_size, num_answers))]))
         else:
             # the released '2fc' classifier widens to 1024 for hidden 768; 2 x hidden keeps that ratio roughly
             inner = 2 * hidden_size
