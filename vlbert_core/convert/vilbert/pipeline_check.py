@@ -125,7 +125,10 @@ def our_pipeline_stages(model, heads, batch, ground_truth: torch.Tensor | None =
     fed: dict[str, torch.Tensor] = {}
     original = model.forward_streams
 
-    def keep_inputs(input_ids, token_type_ids, text_mask, features, locations, region_mask):
+    def keep_inputs(input_ids, token_type_ids, text_mask, features, locations, region_mask, task_ids=None):
+        # the pre-trained layout this check compares has no task tokens
+        if task_ids is not None:
+            raise ValueError("pipeline_check compares the pre-trained layout; this model has task tokens")
         fed.update(input_ids=input_ids, token_type_ids=token_type_ids, text_mask=text_mask, features=features,
                    locations=locations, region_mask=region_mask)
         return original(input_ids, token_type_ids, text_mask, features, locations, region_mask)
