@@ -899,8 +899,10 @@ def test_every_task_fine_tunes_and_predicts_on_a_vilbert_model(world, tmp_path, 
     eval_task = {"vqa": "vqa", "vcr_q2a": "vcr_q2a", "refcoco": "refcoco_det"}[task]
     _evaluate(tmp_path / "ft", [(eval_task, "val")], tmp_path / "eval", sources[dataset], rois)
     assert (tmp_path / "eval" / eval_task / "val.json").is_file()
-    with pytest.raises(ValueError, match="readout choice applies to VL-BERT only"):
-        _finetune(world, task, tmp_path / "ft2", pretrained=tmp_path / "vilbert", sentence_readout="text_mean")
+    # the readout choice is VL-BERT's: a ViLBERT model reads its pooled output whatever the config says
+    meta = _finetune(world, task, tmp_path / "ft2", pretrained=tmp_path / "vilbert", sentence_readout="text_mean",
+                     max_examples=4)
+    assert meta["sentence_readout"] == "pooled"
 
 
 def test_the_whole_image_is_a_refcoco_candidate_only_when_the_config_says_so(tokenizer):

@@ -198,9 +198,10 @@ def test_paper_config_plans_the_whole_table4_dag(name, tmp_path, bytecode_cache)
     # Table 4: every setting x 4 tasks at the half schedule; Tables 1-3 (written by the same rule):
     # w/o pre-training and full x 4 tasks at the full schedule.
     finetunes = 4 * settings + 4 * 2
-    # Table 4: VCR Q->A, QA->R, VQA, RefCOCO+ detected val per setting; Tables 1-3 per paper setting:
-    # VCR Q->A, QA->R val, VQA val, RefCOCO+ GT and detected x val/testA/testB.
-    evaluations = 4 * settings + (2 + 1 + 6) * 2
+    # Table 4: VCR Q->A, QA->R, VQA, VQA held-out concepts, RefCOCO+ detected val per setting; Tables 1-3 per
+    # paper setting: VCR Q->A, QA->R val, VQA val and its held-out concepts, RefCOCO+ GT and detected x
+    # val/testA/testB.
+    evaluations = 5 * settings + (2 + 2 + 6) * 2
     expected = {
         "fetch": len(fetched - {config["sources"]["cc"]["val"]}),  # cc.splits is [train]
         "partition_cc": 1,
@@ -258,7 +259,7 @@ def test_paper_base_with_init_from_fine_tunes_the_released_model_without_pretrai
     settings = len(config["pretrain"]["settings"])
     assert counts["pretrain"] == settings                  # none for `released`
     assert counts["finetune"] == 4 * settings + 4 * 3      # Tables 1-3: none, full and released
-    assert counts["evaluate"] == 4 * settings + (2 + 1 + 6) * 3
+    assert counts["evaluate"] == 5 * settings + (2 + 2 + 6) * 3
     assert counts["derive_eval"] == 3
     released_jobs = re.findall(r"rule finetune:\n\s+input: (\S+?),.*?\n\s+output: (\S+?),", plan)
     released = [inp for inp, out in released_jobs if "/released/" in out]

@@ -115,11 +115,12 @@ def test_dry_run_of_the_default_config_plans_every_stage(tmp_path):
     assert counts["finetune"] == 4 * 6 + 4 * 2  # Table 4 at half schedule, Tables 1–3 at full
 
 
-def test_table4_has_six_settings_and_four_measured_columns(ci_run):
+def test_table4_has_six_settings_and_five_measured_columns(ci_run):
     with open(ci_run / TARGET, newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["source"] == "measured"]
     assert [r["setting"] for r in rows] == ["none", "a", "b", "c", "d", "full"]
-    columns = ["vcr_q2a_val", "vcr_qa2r_val", "vqa_test_dev", "refcoco_det_val"]
+    # the paper's four, and the VQA questions with a word no training question has
+    columns = ["vcr_q2a_val", "vcr_qa2r_val", "vqa_test_dev", "vqa_held_out_concepts", "refcoco_det_val"]
     for row in rows:
         for col in columns:
             record = json.loads((ci_run / row[f"{col}_eval"]).read_text())
@@ -186,10 +187,12 @@ def test_the_report_shows_every_plot_and_each_image_exists(ci_run):
 
 
 def assert_outputs_are_vqa_or_tables(dry_run_output: str) -> None:
-    """Every output a dry run plans belongs to a VQA fine-tune, a VQA evaluation or the tables."""
+    """Every output a dry run plans belongs to a VQA fine-tune, a VQA evaluation (its held-out concepts too) or the
+    tables."""
     for line in re.findall(r"^\s+output: (.+)$", dry_run_output, flags=re.M):
         for path in line.split(", "):
-            assert path.startswith(("results/finetune/vqa/", "results/eval/vqa/", "results/tables/")), path
+            assert path.startswith(("results/finetune/vqa/", "results/eval/vqa/",
+                                    "results/eval/vqa_held_out_concepts/", "results/tables/")), path
 
 
 def test_second_run_has_nothing_to_do(ci_run):

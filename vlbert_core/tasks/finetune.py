@@ -390,9 +390,10 @@ def load_encoder(pretrained_dir: str | os.PathLike, tune_frcnn: bool, task_heads
     if "sentence_readout" in fields:
         overrides["sentence_readout"] = str(sentence_readout)
     elif sentence_readout != "cls":
-        raise ValueError(f"finetune.sentence_readout {sentence_readout!r}: the {pretrained.model_type} model in "
-                         f"{pretrained_dir} has one sentence vector of its own (its pooled output); the readout "
-                         "choice applies to VL-BERT only")
+        # one config serves both families (the model comparison): the choice is VL-BERT's, and the job's meta
+        # records what this model reads ("pooled")
+        log.info("finetune.sentence_readout %r does not apply to the %s model in %s: it reads its own pooled "
+                 "output", sentence_readout, pretrained.model_type, pretrained_dir)
     config = pretrained.config_class.from_dict({**fields, **overrides})
     encoder = type(pretrained)(config)
     encoder.load_state_dict(pretrained.state_dict())
