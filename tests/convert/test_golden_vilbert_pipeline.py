@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from test_golden_vilbert import differences as gaps  # max |ours - theirs| per stage, shapes checked
 from vlbert_core.convert.stages import load_arrays
 from vlbert_core.convert.vilbert.pipeline_check import (FILES, PIPELINE_CONFIG, our_pipeline_stages, ours_on,
                                                         pipeline_batch)
@@ -45,14 +46,6 @@ def converted(golden, tmp_path_factory):
     _, _, model_dir = convert_stand_in(record["config"], record["seed"], tmp_path_factory.mktemp("vilbert-pipeline"))
     return model_dir
 
-
-def gaps(ours: dict, theirs: dict) -> dict[str, float]:
-    assert set(ours) == set(theirs)
-    out = {}
-    for stage, value in theirs.items():
-        assert ours[stage].shape == value.shape, stage
-        out[stage] = float(np.abs(ours[stage].astype(np.float64) - value).max())
-    return out
 
 
 def above(differences: dict[str, float]) -> set[str]:
