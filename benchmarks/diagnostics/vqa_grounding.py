@@ -19,7 +19,7 @@ are left out (the counts of questions kept and left out are printed).
 
 RUN_DIR is a finished default run (`snakemake ... results/tables/table4_ablation.csv`; default: this checkout).
 `--model` adds a pre-trained directory of another run under a label (e.g. `a@2400=../longer/results/pretrain/a`),
-built from RUN_DIR's detector and config. About 1 minute per setting on 2 CPU cores.
+with its own config (another model size loads too) and RUN_DIR's VQA data and RoIs. About 1 minute per setting on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # visual_grounding's Run
-from visual_grounding import Run, VLBertForPretraining, VLBertModel, build_vlbert_config  # noqa: E402
+from visual_grounding import Run, VLBertForPretraining  # noqa: E402
 from docs_section import replace_section  # noqa: E402  (benchmarks/, put on the path by visual_grounding)
 
 from vlbert_core.models.common.batch import collate_samples  # noqa: E402
 from vlbert_core.models.common.config import visual_pixel_format  # noqa: E402
+from vlbert_core.models.registry import from_pretrained  # noqa: E402
 from vlbert_core.pretrain.settings import get_setting  # noqa: E402
 from vlbert_core.stats import format_p_value, mcnemar_exact  # noqa: E402
 from vlbert_core.tasks.finetune import read_task_rois  # noqa: E402
@@ -90,14 +91,12 @@ def probes_of(data, mask: str) -> tuple[list[Probe], int]:
     return probes, left_out
 
 
-def load_pretrained_dir(run: Run, setting: str, directory: Path) -> VLBertForPretraining:
-    """A pre-trained model with its MLM head, from the directory `pretrain` writes (any setting, `none` included)."""
+def load_pretrained_dir(setting: str, directory: Path) -> VLBertForPretraining:
+    """A pre-trained model with its MLM head, from the directory `pretrain` writes (any setting, `none` included),
+    built from that directory's own config (so a model of another size loads too)."""
     from safetensors.torch import load_file
 
-    spec = get_setting(setting)
-    config = build_vlbert_config(dict(run.config["model"]), run.detector_meta, tune_frcnn=spec.tune_frcnn)
-    module = VLBertForPretraining(VLBertModel(config), spec)
-    module.model.load_state_dict(load_file(str(directory / "model.safetensors")))
+    module = VLBertForPretraining(from_pretrained(directory), get_setting(setting))
     module.heads.load_state_dict(load_file(str(directory / "heads.safetensors")))
     return module.eval()
 
@@ -173,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     rois, rois_source = read_task_rois([run.root / "results" / "rois" / "vqa" / f"{args.split}.parquet"])
     results = {}
     for label, setting, directory in models:
-        module = load_pretrained_dir(run, setting, directory)
+        module = load_pretrained_dir(setting, directory)
         images = ImageLoader(int(run.config["model"]["image_max_side"]), pixel_format=visual_pixel_format(module.model.config))
         data = task.build_data(args.split, {}, sources=sources, tokens=Tokens(run.tokenizer), images=images,
                                max_rois=int(run.config["model"]["max_rois"]), max_text_len=64, rois=rois,
