@@ -19,7 +19,8 @@ are left out (the counts of questions kept and left out are printed).
 
 RUN_DIR is a finished default run (`snakemake ... results/tables/table4_ablation.csv`; default: this checkout).
 `--model` adds a pre-trained directory of another run under a label (e.g. `a@2400=../longer/results/pretrain/a`),
-with its own config (another model size loads too) and RUN_DIR's VQA data and RoIs. About 1 minute per setting on 2 CPU cores.
+with its own config (another model size loads too) and RUN_DIR's VQA data and RoIs; `--max-rois` for a model
+pre-trained with another `model.max_rois`. About 1 minute per setting on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--settings", nargs="*", default=["none", "a", "b", "c", "d", "full"])
     parser.add_argument("--model", action="append", default=[], metavar="LABEL=PRETRAIN_DIR")
     parser.add_argument("--split", default="val")
+    parser.add_argument("--max-rois", type=int, help="boxes per image incl. box 0 (default: the run's model.max_rois)")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args(argv)
     began = time.time()
@@ -173,10 +175,11 @@ def main(argv: list[str] | None = None) -> None:
     results = {}
     for label, setting, directory in models:
         module = load_pretrained_dir(setting, directory)
-        images = ImageLoader(int(run.config["model"]["image_max_side"]), pixel_format=visual_pixel_format(module.model.config))
+        images = ImageLoader(int(run.config["model"]["image_max_side"]),
+                             pixel_format=visual_pixel_format(module.model.config))
+        max_rois = args.max_rois or int(run.config["model"]["max_rois"])
         data = task.build_data(args.split, {}, sources=sources, tokens=Tokens(run.tokenizer), images=images,
-                               max_rois=int(run.config["model"]["max_rois"]), max_text_len=64, rois=rois,
-                               rois_source=rois_source)
+                               max_rois=max_rois, max_text_len=64, rois=rois, rois_source=rois_source)
         probes, left_out = probes_of(data, run.tokenizer.mask_token)
         results[label] = zero_shot(run, module, data, probes)
         print(f"{label}: {len(probes)} questions in caption form, {left_out} left out (counting, yes/no)", flush=True)
@@ -185,8 +188,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.write_docs:
         models_note = "; ".join(f"`{label}`: {directory}" for label, _, directory in models[len(args.settings):])
         body = (f"Measured {date.today().isoformat()} with `uv run python benchmarks/diagnostics/vqa_grounding.py "
-                f"--run RUN --split {args.split}" + "".join(f" --model {m}" for m in args.model)
-                + f"` ({time.time() - began:.0f} s), RUN a finished default run" + (f"; {models_note}" if models_note else "")
+                f"--run RUN --split {args.split}" + (f" --max-rois {args.max_rois}" if args.max_rois else "")
+                + "".join(f" --model {m}" for m in args.model)
+                + f"` ({time.time() - began:.0f} s), RUN a finished default run"
+                + (f"; {models_note}" if models_note else "")
                 + ". Each colour or kind question of VQA's held-out split, rewritten as the captions say it "
                 "(`what color is the star?` -> `a [MASK] star`), answered by the pre-trained MLM head among the "
                 "7 colours or 8 kinds (chance 14 % / 12.5 %), with the image and blanked; p: exact McNemar, "
