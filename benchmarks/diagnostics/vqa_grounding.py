@@ -134,6 +134,9 @@ def table(results: dict[str, dict[str, list[list[bool]]]]) -> str:
         for kind in ("colour", "kind"):
             with_image, blanked = right.get(kind, [[], []])
             n = len(with_image)
+            if n == 0:
+                cells += ["no questions", "–"]
+                continue
             cells.append(f"{100 * sum(with_image) / n:.1f} / {100 * sum(blanked) / n:.1f} (of {n})")
             cells.append(format_p_value(mcnemar_exact(with_image, blanked)))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
