@@ -36,9 +36,10 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for docs_section
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # visual_grounding's Run
+from docs_section import replace_section  # noqa: E402
 from visual_grounding import Run, VLBertForPretraining  # noqa: E402
-from docs_section import replace_section  # noqa: E402  (benchmarks/, put on the path by visual_grounding)
 
 from vlbert_core.models.common.batch import collate_samples  # noqa: E402
 from vlbert_core.models.common.config import visual_pixel_format  # noqa: E402
@@ -168,22 +169,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args(argv)
     began = time.time()
-    torch.manual_seed(0)
     run = Run(args.run.resolve())
     models = parse_models(run, args.settings, args.model)
-    sources = dict(run.config["sources"]["vqa"])
-    sources = {k: str(run.root / v) for k, v in sources.items()}
+    sources = {key: str(run.root / path) for key, path in run.config["sources"]["vqa"].items()}
     task = get_task("vqa")
     rois, rois_source = read_task_rois([run.root / "results" / "rois" / "vqa" / f"{args.split}.parquet"])
+    max_rois = args.max_rois or int(run.config["model"]["max_rois"])
+    splits = {}  # pixel format -> (data, probes): the split is read once for all models that see images alike
     results = {}
     for label, setting, directory in models:
         module = load_pretrained_dir(setting, directory)
-        images = ImageLoader(int(run.config["model"]["image_max_side"]),
-                             pixel_format=visual_pixel_format(module.model.config))
-        max_rois = args.max_rois or int(run.config["model"]["max_rois"])
-        data = task.build_data(args.split, {}, sources=sources, tokens=Tokens(run.tokenizer), images=images,
-                               max_rois=max_rois, max_text_len=64, rois=rois, rois_source=rois_source)
-        probes, left_out = probes_of(data, run.tokenizer.mask_token)
+        pixel_format = visual_pixel_format(module.model.config)
+        if pixel_format not in splits:
+            images = ImageLoader(int(run.config["model"]["image_max_side"]), pixel_format=pixel_format)
+            data = task.build_data(args.split, {}, sources=sources, tokens=Tokens(run.tokenizer), images=images,
+                                   max_rois=max_rois, max_text_len=run.stream_cfg.max_text_len, rois=rois,
+                                   rois_source=rois_source)
+            splits[pixel_format] = (data, *probes_of(data, run.tokenizer.mask_token))
+        data, probes, left_out = splits[pixel_format]
         results[label] = zero_shot(run, module, data, probes)
         print(f"{label}: {len(probes)} questions in caption form, {left_out} left out (counting, yes/no)", flush=True)
     result = table(results)
