@@ -9,6 +9,7 @@ import pytest
 from test_workflow import CI_CONFIG, REPO, planned_rules, snakemake
 
 from vlbert_core.tables import table_specs
+from vlbert_core.stats import mcnemar_exact, paired_bootstrap
 from vlbert_core.tables.seeds import TABLE4_CLAIMS, check_claims, paper_columns, seed_results_dir, write_seed_table
 from vlbert_core.tasks.registry import task_of_eval
 
@@ -19,9 +20,30 @@ SEEDS = [0, 1, 2]
 COLUMNS = table_specs()["table4_ablation"].measured_columns()
 
 
-def make_seed_evals(results: Path, default_seed: int = 0) -> dict[tuple, float]:
-    """An eval JSON per seed x setting x Table 4 column, with distinct values; returns them by key."""
+NUM_EXAMPLES = 24
+
+
+def write_predictions(path: Path, eval_task: str, rng: np.random.Generator, p_right: float) -> list[float]:
+    """A scored predictions file as `evaluate` writes it; returns the per-example outcomes the paired tests read."""
+    if eval_task.startswith("vqa"):
+        scores = rng.choice([0.0, 0.3, 0.6, 1.0], NUM_EXAMPLES, p=[1 - p_right, 0.0, 0.0, p_right])
+        rows = [{"question_id": i, "answer": "yes", "accuracy": float(v)} for i, v in enumerate(scores)]
+        outcomes = [r["accuracy"] for r in rows]
+    else:
+        right = rng.random(NUM_EXAMPLES) < p_right
+        key = (lambda i: {"annot_id": f"val-{i}"}) if eval_task.startswith("vcr") else (
+            lambda i: {"ref_id": i, "sent_id": 100 + i})
+        rows = [{**key(i), "correct": bool(c)} for i, c in enumerate(right)]
+        outcomes = [float(c) for c in right]
+    path.write_text(json.dumps(rows))
+    return outcomes
+
+
+def make_seed_evals(results: Path, default_seed: int = 0, outcomes: dict | None = None) -> dict[tuple, float]:
+    """An eval JSON per seed x setting x Table 4 column, with distinct values, and its predictions file (the
+    per-example outcomes go into `outcomes` by the same key); returns the values by key."""
     values = {}
+    rng = np.random.default_rng(7)
     for seed in SEEDS:
         for s, setting in enumerate(SETTINGS):
             for c, col in enumerate(COLUMNS):
@@ -30,8 +52,12 @@ def make_seed_evals(results: Path, default_seed: int = 0) -> dict[tuple, float]:
                         / f"{col.eval_split}.json")
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps({"task": col.eval_task, "value": value, "split": col.eval_split,
-                                            "num_examples": 24, "predictions": "p", "setting": setting}))
+                                            "num_examples": NUM_EXAMPLES, "setting": setting,
+                                            "predictions": str(path.with_suffix(".predictions.json"))}))
+                right = write_predictions(path.with_suffix(".predictions.json"), col.eval_task, rng, 0.3 + 0.1 * s)
                 values[(seed, setting, col.name)] = value
+                if outcomes is not None:
+                    outcomes[(seed, setting, col.name)] = right
     return values
 
 
@@ -62,6 +88,40 @@ def test_each_cell_is_the_mean_and_sample_std_over_the_seeds(tmp_path):
     # every later setting is higher here, so "(c) <= (b)" is the one claim that fails
     assert "| sentence-image relationship prediction does not help: (c) <= (b) on average | **no** |" in md
     assert md.count("| yes |") == len(TABLE4_CLAIMS) - 1
+
+
+def test_each_setting_is_compared_with_none_on_the_examples_of_every_seed_pooled(tmp_path):
+    results = tmp_path / "results"
+    outcomes: dict = {}
+    values = make_seed_evals(results, outcomes=outcomes)
+    csv_path = write_seed_table(results, results / "tables", SEEDS, 0, SETTINGS, "synthetic")
+    with open(csv_path, newline="", encoding="utf-8") as f:
+        rows = {r["setting"]: r for r in csv.DictReader(f)}
+    assert all(rows["none"][f"{c.name}_pooled_p_vs_none"] == rows["none"][f"{c.name}_diff_vs_none"] == ""
+               for c in COLUMNS)
+    for setting in SETTINGS[1:]:
+        for col in COLUMNS:
+            # seed s of the setting against seed s of `none`, the seeds one after another
+            ours = [x for seed in SEEDS for x in outcomes[(seed, setting, col.name)]]
+            base = [x for seed in SEEDS for x in outcomes[(seed, "none", col.name)]]
+            test = paired_bootstrap if col.eval_task.startswith("vqa") else mcnemar_exact
+            assert float(rows[setting][f"{col.name}_pooled_p_vs_none"]) == test(ours, base), (setting, col.name)
+            diff = np.mean([values[(seed, setting, col.name)] - values[(seed, "none", col.name)] for seed in SEEDS])
+            assert float(rows[setting][f"{col.name}_diff_vs_none"]) == pytest.approx(diff, abs=1e-12)
+    md = csv_path.with_suffix(".md").read_text(encoding="utf-8")
+    assert "## Against w/o pre-training, every seed's examples pooled" in md
+    full = rows["full"]
+    ahead = sum(float(full[f"{c}_diff_vs_none"]) > 0 and float(full[f"{c}_pooled_p_vs_none"]) < 0.05
+                for c in paper_columns())
+    assert ahead > 0
+    pooled_row = next(line for line in md.splitlines() if line.startswith("| VL-BERT BASE | +"))
+    assert pooled_row.endswith(f" | {ahead} |")
+    # one seed scored on other examples than `none`'s is an error naming the column
+    path = results / "seeds/1/eval/refcoco_det/b/half/val.predictions.json"
+    path.write_text(json.dumps(json.loads(path.read_text())[:-1]))
+    with pytest.raises(ValueError, match=r"RefCOCO\+ detected val, seed 1: setting 'b' and setting 'none' were evaluated on "
+                                         r"different examples"):
+        write_seed_table(results, results / "tables2", SEEDS, 0, SETTINGS, "synthetic")
 
 
 def test_fewer_than_three_seeds_or_a_missing_run_is_an_error(tmp_path):

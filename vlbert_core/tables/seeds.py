@@ -8,8 +8,10 @@ Each seed's runs live under `seed_results_dir`: the config's own seed is the def
 (results/), every other seed has results/seeds/<seed>/ with the same layout below it.
 
 CSV layout (`results/tables/table4_seeds.csv`): one row per setting, the Table 4 switches, then per
-column `{col}_mean`, `{col}_std` (sample std, n - 1), `{col}_paper` and `{col}_values` (each seed's
-number, in the order of the `seeds` cell).
+column `{col}_mean`, `{col}_std` (sample std, n - 1), `{col}_paper`, `{col}_values` (each seed's
+number, in the order of the `seeds` cell), `{col}_diff_vs_none` (mean minus `none`'s mean) and
+`{col}_pooled_p_vs_none`: the paired test against `none` on the examples of every seed pooled, each
+seed's predictions paired with `none`'s of the same seed (docs/significance.md); both empty on `none`'s row.
 """
 
 from __future__ import annotations
@@ -17,14 +19,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlbert_core.stats import mean_std
+from vlbert_core.stats import format_p_value, mean_std, paired_p_value
+from vlbert_core.tasks.registry import task_of_eval
 from vlbert_core.utils import get_logger
 
 from .build import (
     ABLATION_TABLE,
+    BASELINE_SETTING,
     SETTING_NAMES,
     SWITCH_COLUMNS,
     SWITCH_TITLES,
+    PairedComparison,
     eval_json_path,
     format_number,
     load_reported,
@@ -38,6 +43,7 @@ log = get_logger(__name__)
 
 SEED_TABLE = "table4_seeds"
 MIN_SEEDS = 3
+SIGNIFICANT = 0.05
 
 
 @dataclass(frozen=True)
@@ -150,15 +156,67 @@ def seed_table_rows(results_dir: str | Path, seeds: list[int], default_seed: int
                         f"{col.name}_paper": paper.get((setting, col.name), ""),
                         f"{col.name}_values": " ".join(repr(v) for v in values)})
         rows.append(row)
+    add_pooled_comparison(rows, results_dir, seeds, default_seed)
     return rows
+
+
+def add_pooled_comparison(rows: list[dict], results_dir: str | Path, seeds: list[int], default_seed: int) -> None:
+    """Each pre-trained setting's row gets, per column, its difference from `none`'s mean and the p-value of the
+    paired test on every seed's examples pooled (seed s of a setting paired with seed s of `none`). Without a
+    `none` row the cells stay empty."""
+    spec = table_specs()[ABLATION_TABLE]
+    baseline = next((row for row in rows if row["setting"] == BASELINE_SETTING), None)
+    comparisons = {seed: PairedComparison(seed_results_dir(results_dir, seed, default_seed), spec.schedule)
+                   for seed in seeds}
+    for row in rows:
+        for col in spec.measured_columns():
+            diff = p = ""
+            if baseline is not None and row["setting"] != BASELINE_SETTING:
+                ours, theirs = [], []
+                for seed, compare in comparisons.items():
+                    a, b = compare.outcomes(col, row["setting"]), compare.outcomes(col, BASELINE_SETTING)
+                    if set(a) != set(b):
+                        raise ValueError(f"{col.title}, seed {seed}: setting {row['setting']!r} and setting "
+                                         f"{BASELINE_SETTING!r} were evaluated on different examples "
+                                         f"({len(set(a) ^ set(b))} differ) under {compare.results_dir / 'eval'}")
+                    ours += [a[k] for k in b]
+                    theirs += list(b.values())
+                p = paired_p_value(task_of_eval(col.eval_task).paired_test, ours, theirs)
+                diff = row[f"{col.name}_mean"] - baseline[f"{col.name}_mean"]
+            row[f"{col.name}_diff_vs_none"], row[f"{col.name}_pooled_p_vs_none"] = diff, p
 
 
 def seed_table_header() -> list[str]:
     spec = table_specs()[ABLATION_TABLE]
     header = ["setting", "model", "seeds", *SWITCH_COLUMNS]
     for col in spec.measured_columns():
-        header += [f"{col.name}_{part}" for part in ("mean", "std", "paper", "values")]
+        header += [f"{col.name}_{part}" for part in ("mean", "std", "paper", "values", "diff_vs_none",
+                                                      "pooled_p_vs_none")]
     return header
+
+
+def pooled_markdown(rows: list[dict]) -> list[str]:
+    """The pooled comparison with `none` as a table, and how many of the paper's columns each setting is ahead on
+    with p < SIGNIFICANT."""
+    spec = table_specs()[ABLATION_TABLE]
+    columns = spec.measured_columns()
+    compared = [row for row in rows if row[f"{columns[0].name}_pooled_p_vs_none"] != ""]
+    if not compared:
+        return []
+    lines = ["", f"## Against {SETTING_NAMES[BASELINE_SETTING]}, every seed's examples pooled", "",
+             "Mean difference in points (paired test on the pooled examples: exact McNemar, paired bootstrap for "
+             "VQA's soft scores; each seed's predictions paired with those of the same seed's "
+             f"{SETTING_NAMES[BASELINE_SETTING]}).", "",
+             "| setting | " + " | ".join(c.title for c in columns) + f" | ahead, p < {SIGNIFICANT}, of the paper's "
+             f"{len(paper_columns())} columns |", "|" + "---|" * (len(columns) + 2)]
+    paper = set(paper_columns())
+    for row in compared:
+        cells = [f"{row[f'{c.name}_diff_vs_none']:+.{spec.decimals}f} ({format_p_value(row[f'{c.name}_pooled_p_vs_none'])})"
+                 for c in columns]
+        ahead = sum(1 for c in columns if c.name in paper and row[f"{c.name}_diff_vs_none"] > 0
+                    and row[f"{c.name}_pooled_p_vs_none"] < SIGNIFICANT)
+        lines.append(f"| {row['model']} | " + " | ".join(cells) + f" | {ahead} |")
+    return lines
 
 
 def seed_table_markdown(rows: list[dict], dataset: str) -> str:
@@ -177,6 +235,7 @@ def seed_table_markdown(rows: list[dict], dataset: str) -> str:
     lines += ["", f"Measured on the **{dataset}** data (schedule `{spec.schedule}`), training seeds {seeds}: "
               "mean ± sample standard deviation over the seeds; each seed's numbers are in the CSV. "
               "A seed covers pre-training and fine-tuning; the world, detector and RoIs are shared."]
+    lines += pooled_markdown(rows)
     lines += claims_markdown(check_claims(rows))
     return "\n".join(lines) + "\n"
 
