@@ -32,13 +32,12 @@ from .build import (
     table_specs,
     write_csv_and_markdown,
 )
-from .seeds import MIN_SEEDS, seed_results_dir
+from .seeds import MIN_SEEDS, SIGNIFICANT, seed_results_dir
 
 log = get_logger(__name__)
 
 FINETUNE_SEED_TABLE = "finetune_seeds"
 SCHEDULE = "full"  # Tables 1-3's schedule: the one issue #19's default-run target reads
-SIGNIFICANT = 0.05
 
 
 def finetune_seed_dir(results_dir: str | Path, seed: int, default_seed: int) -> Path:

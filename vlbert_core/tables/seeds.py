@@ -203,13 +203,13 @@ def pooled_markdown(rows: list[dict]) -> list[str]:
     compared = [row for row in rows if row[f"{columns[0].name}_pooled_p_vs_none"] != ""]
     if not compared:
         return []
+    paper = set(paper_columns())
     lines = ["", f"## Against {SETTING_NAMES[BASELINE_SETTING]}, every seed's examples pooled", "",
              "Mean difference in points (paired test on the pooled examples: exact McNemar, paired bootstrap for "
              "VQA's soft scores; each seed's predictions paired with those of the same seed's "
              f"{SETTING_NAMES[BASELINE_SETTING]}).", "",
              "| setting | " + " | ".join(c.title for c in columns) + f" | ahead, p < {SIGNIFICANT}, of the paper's "
-             f"{len(paper_columns())} columns |", "|" + "---|" * (len(columns) + 2)]
-    paper = set(paper_columns())
+             f"{len(paper)} columns |", "|" + "---|" * (len(columns) + 2)]
     for row in compared:
         cells = [f"{row[f'{c.name}_diff_vs_none']:+.{spec.decimals}f} ({format_p_value(row[f'{c.name}_pooled_p_vs_none'])})"
                  for c in columns]
