@@ -3,7 +3,8 @@ silently (issue #40).
 
 docs/own-data.md states the numbers that `config/own_data_example.yaml` gives, with a stamp: the date and
 commit they were measured at, and a fingerprint of everything that decides them: the example config, the
-default config and schema it is layered on, and the code fingerprint (vlbert_core.fingerprint, what the
+default config (less the fine-tuning recipes of tasks the example does not run) and schema it is layered on,
+and the code fingerprint (vlbert_core.fingerprint, what the
 workflow re-runs a job on) of every job of the example's DAG. These tests fail when
 
 - the stamp is missing, or names a commit this repository does not have;
@@ -18,12 +19,14 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import json
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from test_workflow import planned_rules, snakemake
 
 from vlbert_core.fingerprint import code_fingerprint
@@ -38,7 +41,11 @@ EXAMPLE_CONFIG = "config/own_data_example.yaml"
 EXAMPLE_TARGET = "results/tables/custom_example.csv"
 # The files that decide the example's numbers besides the code: its config, the default config and schema it
 # is layered on, and the world's example generator.
-EXAMPLE_INPUTS = (EXAMPLE_CONFIG, "config/config.yaml", "config/schema.yaml", "vlbert_core/world/custom_example.py")
+DEFAULT_CONFIG = "config/config.yaml"
+EXAMPLE_INPUTS = (EXAMPLE_CONFIG, DEFAULT_CONFIG, "config/schema.yaml", "vlbert_core/world/custom_example.py")
+# The example fine-tunes only its own task, so the default config's recipes of the other tasks (`finetune.vqa`,
+# ...) cannot move its numbers; the default config is hashed as parsed, without them (and without comments).
+EXAMPLE_FINETUNE_TASKS = ("custom_example",)
 # Every job of the example's DAG: rule -> (its workflow script, the task its code fingerprint is taken for), as
 # the rule's `params: code=` is (workflow/rules/*.smk).
 EXAMPLE_JOBS = {
@@ -62,7 +69,8 @@ def example_inputs_fingerprint(repo: Path = REPO) -> str:
     its DAG (rule, then fingerprint), first 12 hex digits."""
     digest = hashlib.sha256()
     for name in EXAMPLE_INPUTS:
-        digest.update(name.encode() + b"\0" + (repo / name).read_bytes() + b"\0")
+        content = default_config_read_by_example(repo) if name == DEFAULT_CONFIG else (repo / name).read_bytes()
+        digest.update(name.encode() + b"\0" + content + b"\0")
     # the example's own task must be registered for its jobs' fingerprints to leave the other tasks' code out
     added = [name for name in registry.register_config_tasks(read_yaml(repo / EXAMPLE_CONFIG))]
     try:
@@ -73,6 +81,31 @@ def example_inputs_fingerprint(repo: Path = REPO) -> str:
         for name in added:
             registry.unregister(name)
     return digest.hexdigest()[:12]
+
+
+def default_config_read_by_example(repo: Path = REPO) -> bytes:
+    """The default config as the example's jobs read it: canonical JSON, `finetune:` kept to its options and the
+    example's own task."""
+    config = read_yaml(repo / DEFAULT_CONFIG)
+    kept = set(registry.FINETUNE_OPTIONS) | set(EXAMPLE_FINETUNE_TASKS)
+    config["finetune"] = {key: value for key, value in config.get("finetune", {}).items() if key in kept}
+    return json.dumps(config, sort_keys=True).encode()
+
+
+def test_a_recipe_of_a_task_the_example_does_not_run_leaves_its_fingerprint_alone(tmp_path):
+    """Lengthening VQA's fine-tuning cannot move the example's numbers; lengthening what every task shares can."""
+    repo = tmp_path / "repo"
+    for name in EXAMPLE_INPUTS:
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / name, repo / name)
+    before = default_config_read_by_example(repo)
+    config = read_yaml(repo / DEFAULT_CONFIG)
+    config["finetune"]["vqa"]["epochs"] += 1
+    (repo / DEFAULT_CONFIG).write_text(yaml.safe_dump(config), encoding="utf-8")
+    assert default_config_read_by_example(repo) == before
+    config["finetune"]["schedules"]["full"] = 2.0
+    (repo / DEFAULT_CONFIG).write_text(yaml.safe_dump(config), encoding="utf-8")
+    assert default_config_read_by_example(repo) != before
 
 
 def section(text: str, heading: str) -> str:
