@@ -133,15 +133,22 @@ class PairedComparison:
         return self._outcomes[key]
 
     def p_value(self, col: TableColumn, setting: str) -> float:
-        ours, baseline = self.outcomes(col, setting), self.outcomes(col, BASELINE_SETTING)
-        if set(ours) != set(baseline):
-            raise ValueError(f"{col.title}: setting {setting!r} and setting {BASELINE_SETTING!r} were evaluated on "
-                             f"different examples ({len(set(ours) ^ set(baseline))} differ, e.g. "
-                             f"{sorted(set(ours) ^ set(baseline), key=str)[:3]}); under "
-                             f"{self.results_dir / 'eval' / col.eval_task}")
-        keys = list(baseline)
-        test = task_of_eval(col.eval_task).paired_test
-        return paired_p_value(test, [ours[k] for k in keys], [baseline[k] for k in keys])
+        ours, baseline = paired_outcomes(self.outcomes(col, setting), self.outcomes(col, BASELINE_SETTING),
+                                         f"{col.title}: setting {setting!r} and setting {BASELINE_SETTING!r}",
+                                         self.results_dir / "eval" / col.eval_task)
+        return paired_p_value(task_of_eval(col.eval_task).paired_test, ours, baseline)
+
+
+def paired_outcomes(ours: dict[tuple, float], theirs: dict[tuple, float], what: str,
+                    where: str | Path) -> tuple[list[float], list[float]]:
+    """Two sides' per-example outcomes, in the same example order, for a paired test. `what` names the two
+    sides and `where` the folder they were read from, for the error when they hold different examples."""
+    if set(ours) != set(theirs):
+        differ = set(ours) ^ set(theirs)
+        raise ValueError(f"{what} were evaluated on different examples ({len(differ)} differ, e.g. "
+                         f"{sorted(differ, key=str)[:3]}); under {where}")
+    keys = list(theirs)
+    return [ours[k] for k in keys], [theirs[k] for k in keys]
 
 
 def load_reported() -> list[dict]:

@@ -27,8 +27,8 @@ from vlbert_core.stats import format_p_value, mean_std, paired_p_value
 from vlbert_core.tasks.registry import comparison_columns, task_of_eval
 from vlbert_core.utils import get_logger
 
-from .build import (ABLATION_TABLE, eval_json_path, format_number, load_reported, outcome_paths, read_eval, table_specs,
-                    write_csv_and_markdown)
+from .build import (ABLATION_TABLE, eval_json_path, format_number, load_reported, outcome_paths, paired_outcomes,
+                    read_eval, table_specs, write_csv_and_markdown)
 from .seeds import seed_results_dir
 
 log = get_logger(__name__)
@@ -142,12 +142,10 @@ def comparison_rows(results_dir: str | Path, seeds: list[int], default_seed: int
             if other is not None:
                 ours = _pooled_outcomes(results_dir, seeds, default_seed, col, setting, spec.schedule)
                 theirs = _pooled_outcomes(results_dir, seeds, default_seed, col, other, spec.schedule)
-                if set(ours) != set(theirs):
-                    raise ValueError(f"{col.title}: settings {setting!r} and {other!r} were evaluated on different "
-                                     f"examples ({len(set(ours) ^ set(theirs))} differ)")
-                keys = list(theirs)
+                ours, theirs = paired_outcomes(ours, theirs, f"{col.title}: settings {setting!r} and {other!r}",
+                                               results_dir)
                 row[f"{col.name}_p_vs_vlbert"] = paired_p_value(task_of_eval(col.eval_task).paired_test,
-                                                                [ours[k] for k in keys], [theirs[k] for k in keys])
+                                                                ours, theirs)
         rows.append(row)
     return rows
 

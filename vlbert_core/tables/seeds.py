@@ -33,6 +33,7 @@ from .build import (
     eval_json_path,
     format_number,
     load_reported,
+    paired_outcomes,
     read_eval,
     switch_cells,
     table_specs,
@@ -174,13 +175,12 @@ def add_pooled_comparison(rows: list[dict], results_dir: str | Path, seeds: list
             if baseline is not None and row["setting"] != BASELINE_SETTING:
                 ours, theirs = [], []
                 for seed, compare in comparisons.items():
-                    a, b = compare.outcomes(col, row["setting"]), compare.outcomes(col, BASELINE_SETTING)
-                    if set(a) != set(b):
-                        raise ValueError(f"{col.title}, seed {seed}: setting {row['setting']!r} and setting "
-                                         f"{BASELINE_SETTING!r} were evaluated on different examples "
-                                         f"({len(set(a) ^ set(b))} differ) under {compare.results_dir / 'eval'}")
-                    ours += [a[k] for k in b]
-                    theirs += list(b.values())
+                    a, b = paired_outcomes(compare.outcomes(col, row["setting"]),
+                                           compare.outcomes(col, BASELINE_SETTING),
+                                           f"{col.title}, seed {seed}: setting {row['setting']!r} and setting "
+                                           f"{BASELINE_SETTING!r}", compare.results_dir / "eval")
+                    ours += a
+                    theirs += b
                 p = paired_p_value(task_of_eval(col.eval_task).paired_test, ours, theirs)
                 diff = row[f"{col.name}_mean"] - baseline[f"{col.name}_mean"]
             row[f"{col.name}_diff_vs_none"], row[f"{col.name}_pooled_p_vs_none"] = diff, p
