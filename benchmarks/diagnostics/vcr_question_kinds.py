@@ -140,6 +140,19 @@ def task_table(run: Path, task: str) -> str:
     return f"**{task}**, val split, {len(labels)} questions:\n\n" + table(rows)
 
 
+def extra_schedules_note(run: Path, tasks: list[str]) -> str:
+    """How schedules beyond the config's `full` and `half` were made, when the run has any."""
+    found = {p.parent.name for task in tasks
+             for p in (run / "results" / "finetune" / task).glob("*/*/predictions.json")}
+    extra = sorted(found - {"full", "half"})
+    if not extra:
+        return ""
+    return (f"\n\nSchedules other than `full` and `half` (here {', '.join(extra)}) were fine-tuned in the same run "
+            "directory with a config file given after config/config.yaml that adds them to `finetune.schedules` "
+            "(e.g. `finetune: {schedules: {full: 1.0, half: 0.5, x12: 12.0}}`), and targets "
+            f"`results/finetune/vcr_q2a/SETTING/{extra[-1]}/predictions.json` (and vcr_qa2r).")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("run", type=Path)
@@ -154,11 +167,8 @@ def main() -> None:
             f"only to rule out its two never-right answer forms); p vs none is the exact McNemar test against "
             f"`none` at the same schedule; the answer loss is chance at ln 4 = {math.log(4):.3f}.\n\n"
             + "\n\n".join(task_table(run, task) for task in args.tasks)
-            + "\n\nSchedules other than `full` and `half` (here x4, x12: 4 and 12 times the full schedule's epochs) "
-            "were fine-tuned in the same run directory with a config file given after config/config.yaml that "
-            "holds `finetune: {schedules: {full: 1.0, half: 0.5, x4: 4.0, x12: 12.0}}`, and targets "
-            "`results/finetune/vcr_q2a/SETTING/x12/predictions.json` (and vcr_qa2r).\n\n"
-            "```bash\nuv run python benchmarks/diagnostics/vcr_question_kinds.py RUN_DIR --write-docs\n```")
+            + extra_schedules_note(run, args.tasks)
+            + "\n\n```bash\nuv run python benchmarks/diagnostics/vcr_question_kinds.py RUN_DIR --write-docs\n```")
     print(body)
     if args.write_docs:
         replace_section(HEADING, body)
