@@ -19,7 +19,7 @@ from PIL import Image
 
 from ..utils import atomic_path
 from .scene import Scene, SceneObject, object_polygon, polygon_area
-from .vocabulary import CATEGORY_BY_NAME, coco_attributes, coco_categories
+from .vocabulary import CATEGORY_BY_NAME, VCR_OBJECT_NAME, coco_attributes, coco_categories
 
 MEDIAWIKI_XMLNS = "http://www.mediawiki.org/xml/export-0.10/"
 # Namespaces of an English Wikipedia dump that the synthetic dump uses.
@@ -219,7 +219,7 @@ def vcr_metadata(scene: Scene) -> dict:
     """VCR per-image metadata: boxes [x1, y1, x2, y2, score] and per-object lists of polygons."""
     return {
         "boxes": [[float(v) for v in o.box] + [1.0] for o in scene.objects],
-        "names": [o.category for o in scene.objects],
+        "names": [VCR_OBJECT_NAME] * len(scene.objects),
         "segms": [[[list(point) for point in object_polygon(o)]] for o in scene.objects],
         "width": scene.width,
         "height": scene.height,

@@ -41,6 +41,7 @@ from .vocabulary import (
     CATEGORY_NAMES,
     COLOURS,
     SIZES,
+    VCR_OBJECT_NAME,
     coco_categories,
 )
 
@@ -327,7 +328,7 @@ class _World:
                 stem = f"{movie}/{movie}_shot_{i % per_movie:03d}@0"
                 formats.save_jpeg(render(scene), image_root / f"{stem}.jpg", self.quality)
                 formats.write_json(image_root / f"{stem}.json", formats.vcr_metadata(scene))
-                names = [o.category for o in scene.objects]
+                names = [VCR_OBJECT_NAME] * len(scene.objects)
                 for q_number, item in enumerate(items):
                     row_index = len(rows)
                     rows.append(_vcr_row(item, split, movie, stem, names, i, q_number, row_index, n * k, rng))

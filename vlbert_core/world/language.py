@@ -575,7 +575,11 @@ def _vcr_bigger(scene: Scene, i: int, j: int, rng: random.Random):
     yes = _tokens("Yes ,", i, "is bigger than" if asks_bigger else "is smaller than", j, ".")
     no = _tokens("No ,", i, "is smaller than" if asks_bigger else "is bigger than", j, ".")
     answers = [yes, no] if truthful else [no, yes]
-    answers += [_tokens("They are exactly the same size ."), _tokens("No ,", j, "is not in the picture at all .")]
+    # The wrong choices are the same sentences with the two objects swapped: every choice could be the right
+    # answer of some question, and VCR names every object alike (VCR_OBJECT_NAME), so only the referenced
+    # RoIs tell them apart.
+    answers += [_tokens("Yes ,", j, "is bigger than" if asks_bigger else "is smaller than", i, "."),
+                _tokens("No ,", j, "is smaller than" if asks_bigger else "is bigger than", i, ".")]
     reasons = [_tokens(big, "takes up much more of the picture than", small, "."),
                _tokens(small, "takes up much more of the picture than", big, "."),
                _tokens(i, "and", j, "are drawn at exactly the same size ."),

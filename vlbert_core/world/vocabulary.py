@@ -110,3 +110,9 @@ def coco_attributes() -> list[dict]:
 def coco_categories() -> list[dict]:
     """The `categories` list of every COCO-style file the world writes."""
     return [{"id": c.id, "name": c.name, "supercategory": c.supercategory} for c in CATEGORIES]
+
+
+# What a VCR row's `objects` list calls every object. A reference becomes this name in the text, so naming
+# objects by their category (as the detector does) would put the answer to "What is [0] ?" in the question;
+# with one name for all, what an object is, its colour and its size come only from its RoI.
+VCR_OBJECT_NAME = "object"
