@@ -1,17 +1,15 @@
-"""Why VCR stays near chance in the embedded world: accuracy per question kind, from a finished run.
+"""What VCR's accuracy is made of in the embedded world: accuracy per question kind, from a finished run.
 
 A diagnostic: run to settle one question, not a benchmark that is re-run. Backs docs/benchmarks.md "VCR
-accuracy per question kind" and docs/default-run.md "Why pre-training does not help more" (the VCR bullet).
+accuracy per question kind" and docs/default-run.md (the VCR bullets).
 
 The world asks four kinds of VCR question (vlbert_core/world/language.py, `vcr_items`): an object's colour
-("What color is [0] ?"), its kind ("What is [0] ?"), what it is next to, and which of two is bigger. They
-need different things:
-
-- **kind** is answerable from the text alone: a VCR object reference becomes the object's name, and the
-  world names objects by their category, so the right answer repeats the question's word ("dog is a dog").
-- **bigger** has two answers that are never right ("They are exactly the same size", "... is not in the
-  picture at all"), so a model that learns only that is at 50% there.
-- **colour** and **next to** need the RoI features.
+("What color is [0] ?"), its kind ("What is [0] ?"), what it is next to, and which of two is bigger. A VCR
+reference becomes the object's name from the row's `objects` list, and the world calls every object
+`object` (`VCR_OBJECT_NAME`), so no kind is answerable from the text alone: what an object is, its colour,
+its size against another and its neighbour come only from the referenced RoIs. (Until 822b8dc the world
+named objects by their category, so the right `kind` answer repeated the question's word and every model
+scored 100 % there; and `bigger` offered two answers that were never right.)
 
 This script reads the world's `val.jsonl` and the fine-tuned jobs' `predictions.json` (no model is run) and
 prints one row per job: Q->A (or QA->R) accuracy per kind, the exact McNemar p-value against the `none` job of
@@ -163,8 +161,7 @@ def main() -> None:
     commit = subprocess.run(["git", "-C", str(run), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     source = f"a checkout of {commit.stdout.strip()}" if commit.returncode == 0 else f"`{run}`"
     body = (f"Accuracy (%) per question kind of every fine-tuned VCR job of the run in {source}, measured "
-            f"{date.today().isoformat()}; chance is 25 on every kind (on `bigger`, 50 for a model that has learned "
-            f"only to rule out its two never-right answer forms); p vs none is the exact McNemar test against "
+            f"{date.today().isoformat()}; chance is 25 on every kind; p vs none is the exact McNemar test against "
             f"`none` at the same schedule; the answer loss is chance at ln 4 = {math.log(4):.3f}.\n\n"
             + "\n\n".join(task_table(run, task) for task in args.tasks)
             + extra_schedules_note(run, args.tasks)

@@ -35,7 +35,7 @@ from vlbert_core.world.scene import (
     clearly_bigger,
     nearest_object,
 )
-from vlbert_core.world.vocabulary import CATEGORIES, CATEGORY_BY_NAME, COLOUR_NAMES, COLOURS, SIZES
+from vlbert_core.world.vocabulary import CATEGORIES, CATEGORY_BY_NAME, COLOUR_NAMES, COLOURS, SIZES, VCR_OBJECT_NAME
 
 TINY_WORLD = {
     "image_size": 128,
@@ -290,6 +290,25 @@ def test_vcr_items_are_visual_facts():
     assert set(labels) == {0, 1, 2, 3}  # the right choice is not always in one position
 
 
+def test_vcr_text_alone_never_rules_a_choice_out():
+    """VCR's objects all carry one name, so a choice's words are only told apart from another's by the RoIs
+    its references point at. On `bigger` every choice has a twin with the same words: the same sentence with
+    the two objects swapped (no answer form that is never right, which a text-only model learns to skip)."""
+    def words(tokens):
+        return tuple(VCR_OBJECT_NAME if isinstance(t, list) else t for t in tokens)
+
+    checked = 0
+    for i in range(60):
+        scene = sample_scene(np_rng(6, "test-vcr-text", i), 128)
+        for item in vcr_items(scene, py_rng(6, "test-vcr-text", i), 2):
+            if item.kind != "bigger":
+                continue
+            texts = Counter(words(c) for c in item.answer_choices)
+            assert all(n == 2 for n in texts.values()), item.answer_choices
+            checked += 1
+    assert checked > 10
+
+
 # ---------------------------------------------------------------- files in their official formats
 
 def test_cc_tsv_rows_and_dead_links(world):
@@ -428,6 +447,7 @@ def test_vcr_files(world):
             meta = json.loads((images_root / row["metadata_fn"]).read_text())
             image = Image.open(images_root / row["img_fn"])
             assert meta["names"] == row["objects"] and len(meta["boxes"]) == len(meta["segms"]) == len(row["objects"])
+            assert set(row["objects"]) == {VCR_OBJECT_NAME}  # a reference's name never says what the object is
             assert (meta["width"], meta["height"]) == image.size
             for x1, y1, x2, y2, score in meta["boxes"]:
                 assert 0 <= x1 < x2 <= meta["width"] and 0 <= y1 < y2 <= meta["height"] and score == 1.0
